@@ -1,0 +1,41 @@
+"""skynet-dspy: plug a Skynet `metric.py` into DSPy and GEPA.
+
+    metric = skynet_dspy.load_metric("metric.py")
+    dspy.Evaluate(devset=dev, metric=metric)(program)
+    dspy.GEPA(metric=metric, reflection_lm=lm, auto="light").compile(program, trainset=train)
+"""
+
+import os as _os
+
+# LiteLLM fetches its price list from the internet at import and retries for seconds when
+# offline; the bundled copy is what we price with anyway.
+_os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from . import helpers  # noqa: E402
+from ._adapter import Metric, Score, load_metric  # noqa: E402
+from ._check import CheckItem, ContractReport, check_contract  # noqa: E402
+from ._contract import ContractViolation, Result, validate_return  # noqa: E402
+from ._loading import MetricLoadError  # noqa: E402
+from ._measure import Observation  # noqa: E402
+from ._models import ModelNotConfigured  # noqa: E402
+from ._reward import RewardSpecError  # noqa: E402
+
+helpers.register()
+
+__all__ = [
+    "CheckItem",
+    "ContractReport",
+    "ContractViolation",
+    "Metric",
+    "MetricLoadError",
+    "ModelNotConfigured",
+    "Observation",
+    "Result",
+    "RewardSpecError",
+    "Score",
+    "check_contract",
+    "helpers",
+    "load_metric",
+    "validate_return",
+]
+__version__ = "0.1.0"

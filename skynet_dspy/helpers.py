@@ -1,0 +1,57 @@
+"""The helper module metric code imports as `skynet`: llm, reward, observation, service_cost.
+
+`import skynet_dspy` (and loading any metric file) registers this module as `skynet`, so
+`from skynet import llm, reward, observation, service_cost` works unchanged in metric.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from . import _context, _reward
+from ._measure import Observation
+
+__all__ = ["llm", "reward", "observation", "service_cost"]
+
+
+def llm(instructions: str, input: str | None = None, **overrides: Any) -> str:
+    """Ask the metric model (or, when none is set, the reflection model) and return its text.
+
+    `instructions` is the system message and `input` the user message; without `input`,
+    `instructions` is the only (user) message. `overrides` are LiteLLM settings for this call
+    (temperature, max_tokens, ...).
+    """
+    from . import _models
+
+    call = _context.current_or_none()
+    models = call.models if call is not None else _models.default_models()
+    return models.complete(instructions, input, **overrides)
+
+
+def reward(spec: dict, accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
+    """Combine `accuracy` with the measured speed and cost of this example's run (SPEC §5).
+
+    Returns a valid metric return value: (total, {"feedback": ..., "scores": {accuracy, speed, cost}}).
+    """
+    call = _context.current("reward")
+    return _reward.compute(spec, accuracy, feedback, call.observation, call.unmeasured_reason)
+
+
+def observation() -> Observation:
+    """The measured run of the program on the example being scored: run_ms, cost_usd, calls, tokens."""
+    call = _context.current("observation")
+    if call.observation is None:
+        return Observation(run_ms=None, cost_usd=None, cost_unknown_reason=call.unmeasured_reason)
+    return call.observation
+
+
+def service_cost() -> float | None:
+    """The USD cost of the model calls this example's run made, or None when it cannot be measured."""
+    return observation().cost_usd
+
+
+def register() -> None:
+    """Make this module importable as `skynet` (kept if it already is)."""
+    if sys.modules.get("skynet") is not sys.modules[__name__]:
+        sys.modules["skynet"] = sys.modules[__name__]

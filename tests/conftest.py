@@ -1,0 +1,33 @@
+"""Shared fixtures: the loopback model server and a dspy.LM pointed at it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy  # noqa: E402
+import pytest  # noqa: E402
+
+from skynet_dspy.devserver import DevServer  # noqa: E402
+
+METRICS = Path(__file__).parent / "metrics"
+
+
+@pytest.fixture
+def server():
+    """A fresh loopback OpenAI-compatible server; set `server.responder` to script it."""
+    with DevServer(model_name="gpt-4o-mini") as running:
+        yield running
+
+
+@pytest.fixture
+def lm(server):
+    """A dspy.LM reaching the loopback server through LiteLLM, uncached."""
+    return dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key="local-test-key", cache=False)
+
+
+@pytest.fixture
+def metrics_dir() -> Path:
+    return METRICS

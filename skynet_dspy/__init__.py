@@ -22,6 +22,24 @@ from ._reward import RewardSpecError  # noqa: E402
 
 helpers.register()
 
+# Entry points whose modules pull in GEPA / LiteLLM load on first use, keeping `import skynet_dspy` fast.
+_LAZY = {
+    "gepa": "._optimize",
+    "optimize_anything": "._anything",
+    "split_row": "._anything",
+    "make_evaluator": "._anything",
+    "JudgeUsage": "._models",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
+
+
 __all__ = [
     "CheckItem",
     "ContractReport",
@@ -34,8 +52,13 @@ __all__ = [
     "RewardSpecError",
     "Score",
     "check_contract",
+    "JudgeUsage",
+    "gepa",
     "helpers",
     "load_metric",
+    "make_evaluator",
+    "optimize_anything",
+    "split_row",
     "validate_return",
 ]
 __version__ = "0.1.0"

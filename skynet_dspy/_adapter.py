@@ -82,6 +82,7 @@ class Metric:
         reflection_lm: Any = None,
         feedback_limit: int = DEFAULT_FEEDBACK_LIMIT,
         memo_size: int = DEFAULT_MEMO_SIZE,
+        judge_cache: Any = True,
         models: Models | None = None,
         measure: bool = True,
     ):
@@ -98,7 +99,9 @@ class Metric:
             raise TypeError("to_output must be a function taking the dspy.Prediction and returning the output")
         self.to_output = to_output
         self.feedback_limit = check_feedback_limit(feedback_limit)
-        self.models = models if models is not None else Models(metric_lm=metric_lm, reflection_lm=reflection_lm)
+        self.models = models if models is not None else Models(
+            metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache
+        )
         self.__name__ = f"skynet:{loaded.name}"
         self._memo_size = memo_size
         self._memo: OrderedDict[tuple[int, int], tuple[Any, Any, Score]] = OrderedDict()

@@ -15,7 +15,8 @@ class ModelNotConfigured(RuntimeError):
 class Models:
     """Where a metric's llm() calls go: `metric_lm`, else `reflection_lm`."""
 
-    def __init__(self, metric_lm: Any = None, reflection_lm: Any = None):
+    def __init__(self, metric_lm: Any = None, reflection_lm: Any = None, cache: Any = True):
+        self.cache = cache
         self.metric_lm = metric_lm
         self.reflection_lm = reflection_lm
 

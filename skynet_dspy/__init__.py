@@ -17,7 +17,7 @@ from ._check import CheckItem, ContractReport, check_contract  # noqa: E402
 from ._contract import ContractViolation, Result, validate_return  # noqa: E402
 from ._loading import MetricLoadError  # noqa: E402
 from ._measure import Observation  # noqa: E402
-from ._models import ModelNotConfigured  # noqa: E402
+from ._models import JudgeUsage, LLMCallError, ModelNotConfigured, configure_llm  # noqa: E402
 from ._reward import RewardSpecError  # noqa: E402
 
 helpers.register()
@@ -28,7 +28,6 @@ _LAZY = {
     "optimize_anything": "._anything",
     "split_row": "._anything",
     "make_evaluator": "._anything",
-    "JudgeUsage": "._models",
 }
 
 
@@ -53,6 +52,8 @@ __all__ = [
     "Score",
     "check_contract",
     "JudgeUsage",
+    "LLMCallError",
+    "configure_llm",
     "gepa",
     "helpers",
     "load_metric",

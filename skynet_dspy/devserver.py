@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["DevServer", "Fault", "Request", "dspy_reply"]
+__all__ = ["DevServer", "Fault", "Request", "dspy_reply", "scripted_server"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,9 @@ class DevServer:
 
     def start(self) -> DevServer:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name="skynet-devserver", daemon=True)
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="skynet-devserver", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -172,6 +174,7 @@ class DevServer:
 def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # else each reply waits ~40 ms on a delayed ACK
 
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             pass
@@ -258,3 +261,14 @@ def _completion(request: Request, reply: _Reply, model_name: str | None) -> dict
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def scripted_server(**options: Any) -> DevServer:
+    """A started DevServer playing the bundled example's task model, reflection model and judge.
+
+    As the task model it follows the rules its instructions state, as the reflection model it
+    proposes instructions from the feedback it is shown, as the judge it answers PASS/FAIL.
+    """
+    from ._scripted import scripted_server as start
+
+    return start(**options)

@@ -25,7 +25,7 @@ def llm(instructions: str, input: str | None = None, **overrides: Any) -> str:
     from . import _models
 
     call = _context.current_or_none()
-    models = call.models if call is not None else _models.default_models()
+    models = call.models if call is not None and call.models is not None else _models.default_models()
     return models.complete(instructions, input, **overrides)
 
 
@@ -39,16 +39,24 @@ def reward(spec: dict, accuracy: float, feedback: str) -> tuple[float, dict[str,
 
 
 def observation() -> Observation:
-    """The measured run of the program on the example being scored: run_ms, cost_usd, calls, tokens."""
-    call = _context.current("observation")
-    if call.observation is None:
-        return Observation(run_ms=None, cost_usd=None, cost_unknown_reason=call.unmeasured_reason)
-    return call.observation
+    """The program's measured run on the example being scored (read-only).
+
+    Fields: run_ms (wall time, ms), cost_usd (USD, None when a price is unknown), model_calls,
+    prompt_tokens, completion_tokens, total_tokens; a figure that was not measured is None,
+    and cost_unknown_reason / unmeasured_reason say why.
+    """
+    return _observed(_context.current("observation"))
 
 
 def service_cost() -> float | None:
     """The USD cost of the model calls this example's run made, or None when it cannot be measured."""
-    return observation().cost_usd
+    return _observed(_context.current("service_cost")).cost_usd
+
+
+def _observed(call: _context.MetricCall) -> Observation:
+    if call.observation is None:
+        return Observation.unmeasured(call.unmeasured_reason)
+    return call.observation
 
 
 def register() -> None:

@@ -1,0 +1,498 @@
+"""Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input).
+
+The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
+`output`, and gives GEPA `(score, side_info)` where side_info holds only what SPEC §4 lets the
+reflection model see: the feedback text and the named "scores" (GEPA's objective frontier).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gepa.lm import LM as GepaLM
+
+from . import _measure, _secrets, _translate
+from ._adapter import DEFAULT_MEMO_SIZE, Metric, _describe, load_metric
+from ._contract import OVERLOADED, Result, cut_feedback, shorten
+
+if TYPE_CHECKING:
+    from gepa.core.result import GEPAResult
+
+logger = logging.getLogger("skynet_dspy")
+
+RUN_EXCEPTION = "run_exception"
+# load_metric() options optimize_anything() accepts among its keyword arguments.
+METRIC_OPTIONS = frozenset({"timeout", "failure_score", "feedback_limit", "memo_size", "judge_cache"})
+# Arguments optimize_anything() refuses, and why.
+_REFUSED = {
+    "capture_stdio": "it would show everything the metric and run print (expected values included) "
+    "to the reflection model; write what it should see into the feedback instead",
+    "seed_candidate": "pass the starting artifact as seed=",
+    "evaluator": "optimize_anything builds the evaluator from run= and metric=; "
+    "use make_evaluator() with gepa.optimize_anything to supply your own",
+    "dataset": "pass the examples as trainset=",
+    "config": "pass GEPA settings as keyword arguments (max_metric_calls=..., frontier_type=..., ...)",
+}
+_run_numbers = itertools.count(1)
+
+
+# -- examples -----------------------------------------------------------------------------
+
+
+def split_row(
+    row: Mapping[str, Any], inputs: Sequence[str] | str, outputs: Sequence[str] | str | None = None
+) -> dict[str, Any]:
+    """Split a flat row into an example by column roles: {"input": {...}, "expected": {...} | None}.
+
+    `inputs` name the columns `run` gets; `outputs` the label columns the metric gets as `expected`
+    (none: `expected` is None). A column named but absent from the row is a ValueError.
+    """
+    if not isinstance(row, Mapping):
+        raise TypeError(f"split_row() takes a row as a dict of columns, got {type(row).__name__}")
+    input_names = _column_names(inputs, "inputs")
+    output_names = _column_names(outputs, "outputs") if outputs is not None else []
+    if not input_names:
+        raise ValueError("split_row() needs at least one input column: inputs=['question', ...]")
+    both = [name for name in input_names if name in output_names]
+    if both:
+        raise ValueError(f"column(s) {', '.join(map(repr, both))} are named in both inputs and outputs; pick one role")
+    missing = [name for name in [*input_names, *output_names] if name not in row]
+    if missing:
+        present = ", ".join(map(repr, row)) or "none"
+        raise ValueError(
+            f"the row has no column {', '.join(map(repr, missing))} (columns present: {present}); "
+            "fix inputs=/outputs= or the data"
+        )
+    expected = {name: _translate.detach(row[name]) for name in output_names}
+    return {"input": {name: _translate.detach(row[name]) for name in input_names}, "expected": expected or None}
+
+
+def _column_names(names: Sequence[str] | str, role: str) -> list[str]:
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, Sequence) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{role}= takes a list of column names, got {shorten(names)}")
+    return list(names)
+
+
+def as_example(item: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(input, expected) of one example: a split dict {"input", "expected"} or a dspy.Example."""
+    if hasattr(item, "inputs") and hasattr(item, "labels") and hasattr(item, "_store"):
+        return _translate.example_input(item), _translate.example_expected(item)
+    if isinstance(item, Mapping):
+        if "input" not in item:
+            raise ValueError(
+                f"an example dict needs an 'input' key (and optionally 'expected'); got keys "
+                f"{', '.join(map(repr, item)) or 'none'}. Split flat rows with "
+                "skynet_dspy.split_row(row, inputs=[...], outputs=[...])"
+            )
+        extra = [key for key in item if key not in ("input", "expected")]
+        if extra:
+            raise ValueError(
+                f"an example dict holds only 'input' and 'expected'; it also has {', '.join(map(repr, extra))}. "
+                "Put label fields inside 'expected'"
+            )
+        input_values, expected = item["input"], item.get("expected")
+        if not isinstance(input_values, Mapping):
+            raise TypeError(f"an example's 'input' must be a dict of input fields, got {shorten(input_values)}")
+        if expected is not None and not isinstance(expected, Mapping):
+            raise TypeError(f"an example's 'expected' must be a dict of label fields or None, got {shorten(expected)}")
+        return dict(input_values), (dict(expected) if expected is not None else None)
+    raise TypeError(
+        f"an example is a dict {{'input': {{...}}, 'expected': {{...}}}} or a dspy.Example, got {type(item).__name__}"
+    )
+
+
+def _examples(items: Any, name: str) -> list[dict[str, Any]]:
+    """Every example checked up front (so a bad row fails before the run), as plain split dicts."""
+    if items is None or isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{name} must be a list of examples, got {type(items).__name__}")
+    examples = []
+    for number, item in enumerate(items):
+        try:
+            input_values, expected = as_example(item)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}[{number}]: {exc}") from None
+        examples.append({"input": input_values, "expected": expected})
+    if not examples:
+        raise ValueError(f"{name} is empty; give at least one example")
+    return examples
+
+
+# -- run ----------------------------------------------------------------------------------
+
+
+def load_run(source: Any) -> Callable[[Any, Any], Any]:
+    """`run` itself, or the function `run` defined in a run.py at the given path."""
+    if isinstance(source, (str, Path)):
+        source = _load_run_file(Path(source))
+    if not callable(source):
+        raise TypeError(f"run must be a function run(artifact, input) or a path to run.py, got {shorten(source)}")
+    try:
+        inspect.signature(source).bind(None, None)
+    except TypeError:
+        shown = getattr(source, "__qualname__", type(source).__name__)
+        raise TypeError(
+            f"{shown}{inspect.signature(source)} cannot be called as run(artifact, input); "
+            "define `def run(artifact, input):`"
+        ) from None
+    except ValueError:  # a builtin without a readable signature: take it on trust
+        pass
+    return source
+
+
+def _load_run_file(path: Path) -> Callable[..., Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"run file not found: {path}")
+    module_name = f"skynet_run_{next(_run_numbers)}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be loaded as a Python file; name it run.py")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)  # so run.py can import modules beside it
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        raise ImportError(f"{path}: importing the file raised {_describe(exc)}; fix its module-level code") from None
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
+    return run
+
+
+# -- the evaluator ------------------------------------------------------------------------
+
+
+class Evaluator:
+    """GEPA's evaluator around run(artifact, input) and a Skynet metric: (score, {feedback, scores}).
+
+    `metric` is the adapter (read `.stats` and `.judge_usage` on it after a run). The same
+    candidate on the same example is run and scored once; later calls reuse that result.
+    """
+
+    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric):
+        self.run = run
+        self.metric = metric
+        self._memo_size = getattr(metric, "_memo_size", DEFAULT_MEMO_SIZE)
+        self._memo: OrderedDict[tuple[Any, str], Result] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
+        """Score `candidate` on `example`; side_info holds only "feedback" and (when given) "scores"."""
+        return _side_info(self.evaluate(candidate, example))
+
+    def evaluate(self, candidate: str | dict[str, str], example: Any = None) -> Result:
+        """The full Result (extra side-information keys included) of `candidate` on `example`."""
+        if example is None:
+            raise ValueError(
+                "the evaluator needs an example {'input': ..., 'expected': ...}; give GEPA a dataset "
+                "(single-task search without examples has no input for run())"
+            )
+        input_values, expected = as_example(example)
+        key = _memo_key(candidate, input_values, expected)
+        if key is not None:
+            with self._lock:
+                hit = self._memo.get(key)
+                if hit is not None:
+                    self._memo.move_to_end(key)
+            if hit is not None:
+                self.metric._count("memo_hits")
+                return hit
+        result = self._evaluate(candidate, input_values, expected)
+        if key is not None and result.failure != OVERLOADED:  # not run at all: worth trying again later
+            with self._lock:
+                self._memo[key] = result
+                if len(self._memo) > self._memo_size:
+                    self._memo.popitem(last=False)
+        return result
+
+    def _evaluate(self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None) -> Result:
+        artifact = dict(candidate) if isinstance(candidate, dict) else candidate
+        try:
+            output, observation = _measure.measure(self.run, artifact, _translate.detach(input_values))
+        except Exception as exc:
+            return self._run_failed(exc)
+        return self.metric.run(
+            _translate.detach(input_values),
+            _translate.detach(output),
+            _translate.detach(expected),
+            observation,
+        )
+
+    def _run_failed(self, exc: Exception) -> Result:
+        self.metric._count(RUN_EXCEPTION)
+        text = _secrets.redact(f"run(artifact, input) raised {_describe(exc)}")
+        text = cut_feedback(text, self.metric.feedback_limit)
+        if not self._warned:
+            self._warned = True
+            logger.warning("skynet-dspy: %s (scored %g; the run goes on)", text, self.metric.failure_score)
+        return Result(self.metric.failure_score, text, None, {}, RUN_EXCEPTION)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The metric's counts (calls, memo_hits, failures) plus run_exception."""
+        return {RUN_EXCEPTION: 0} | self.metric.stats
+
+    def __repr__(self) -> str:
+        name = getattr(self.run, "__qualname__", type(self.run).__name__)
+        return f"<skynet_dspy evaluator run={name} metric={self.metric.loaded.name}>"
+
+
+def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
+    side_info: dict[str, Any] = {"feedback": result.feedback}
+    if result.scores:
+        side_info["scores"] = dict(result.scores)
+    return result.score, side_info
+
+
+def _memo_key(candidate: Any, input_values: Any, expected: Any) -> tuple[Any, str] | None:
+    """A content key for (candidate, example), or None when the example cannot be keyed reliably."""
+    if isinstance(candidate, str):
+        artifact: Any = candidate
+    elif isinstance(candidate, dict):
+        artifact = tuple(sorted((str(name), str(text)) for name, text in candidate.items()))
+    else:
+        return None
+    try:
+        example = json.dumps([input_values, expected], sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return artifact, example
+
+
+def make_evaluator(
+    run: Callable[[Any, Any], Any] | str | Path,
+    metric: Any,
+    *,
+    metric_lm: Any = None,
+    reflection_lm: Any = None,
+    **metric_options: Any,
+) -> Evaluator:
+    """Build a `gepa.optimize_anything` evaluator from `run(artifact, input)` and a Skynet metric.
+
+    `run` is a function or a path to run.py defining `run`; `metric` is what load_metric() takes
+    (a path to metric.py, a module, a score function) or a Metric already built (then used as is,
+    with its own models and options). llm() in the metric goes to `metric_lm`, else `reflection_lm`.
+    `metric_options` go to load_metric (timeout, failure_score, feedback_limit, ...).
+    """
+    run_fn = load_run(run)
+    if isinstance(metric, Metric):
+        if metric_lm is not None or metric_options:
+            given = ", ".join(["metric_lm"] * (metric_lm is not None) + sorted(metric_options))
+            raise TypeError(
+                f"metric is a Metric already built, so {given} cannot change it; pass them to "
+                "skynet_dspy.load_metric(...) or pass the metric file instead"
+            )
+        return Evaluator(run_fn, metric)
+    models = {"metric_lm": metric_lm, "reflection_lm": _for_models(reflection_lm)}
+    return Evaluator(run_fn, load_metric(metric, **models, **metric_options))
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+def _for_models(model: Any) -> Any:
+    """A model as llm() routing takes it (a string, a dict or a dspy.LM); a bare callable is not one."""
+    if model is None or isinstance(model, (str, Mapping)) or _is_dspy_lm(model):
+        return model
+    return None
+
+
+def _is_dspy_lm(model: Any) -> bool:
+    return isinstance(getattr(model, "model", None), str) and isinstance(getattr(model, "kwargs", None), Mapping)
+
+
+class _LiteLLMReflectionLM(GepaLM):
+    """gepa.lm.LM (LiteLLM with retries, cost tracking) whose repr keeps the API key out."""
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        key = self.completion_kwargs.get("api_key")
+        return _secrets.redact(text.replace(repr(key), "'***'") if isinstance(key, str) and key else text)
+
+
+class _DspyReflectionLM:
+    """A dspy.LM as GEPA's reflection model: prompt (str or chat messages) -> text."""
+
+    def __init__(self, lm: Any, **overrides: Any):
+        self.lm = lm
+        self.overrides = overrides
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        outputs = self.lm(messages=messages, **self.overrides)
+        first = outputs[0] if outputs else ""
+        if isinstance(first, dict):
+            first = first.get("text") or ""
+        return str(first or "")
+
+    def __repr__(self) -> str:
+        return f"<reflection model {getattr(self.lm, 'model', self.lm)!r}>"
+
+
+def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
+    """GEPA's reflection model, callable(prompt) -> str, from a LiteLLM model string, a dict or a dspy.LM.
+
+    A string or dict goes through gepa.lm.LM (LiteLLM, with retries); a dict's keys are LiteLLM
+    settings (model, api_base, api_key, temperature, ...). `overrides` are further settings.
+    """
+    if isinstance(model, str):
+        return _LiteLLMReflectionLM(model, **overrides)
+    if isinstance(model, Mapping):
+        settings = {**model, **overrides}
+        name = settings.pop("model", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError("reflection_lm as a dict needs 'model', e.g. {'model': 'openai/gpt-4o-mini', ...}")
+        _secrets.register(settings.get("api_key"))
+        return _LiteLLMReflectionLM(name, **settings)
+    if _is_dspy_lm(model) and callable(model):
+        _secrets.register(model.kwargs.get("api_key"))
+        return _DspyReflectionLM(model, **overrides)
+    if callable(model):
+        return model
+    raise TypeError(
+        "reflection_lm must be a LiteLLM model string ('openai/gpt-4o-mini'), a dict of LiteLLM settings "
+        f"({{'model': ..., 'api_base': ..., 'api_key': ...}}), a dspy.LM or a callable(prompt) -> str; "
+        f"got {shorten(model)}"
+    )
+
+
+# -- the one-call entry point -------------------------------------------------------------
+
+
+def optimize_anything(
+    seed: str | dict[str, str],
+    run: Callable[[Any, Any], Any] | str | Path,
+    metric: Any,
+    trainset: Sequence[Any],
+    valset: Sequence[Any] | None = None,
+    *,
+    reflection_lm: Any,
+    metric_lm: Any = None,
+    objective: str | None = None,
+    background: str | None = None,
+    max_metric_calls: int | None = None,
+    rng_seed: int = 0,
+    **config: Any,
+) -> GEPAResult:
+    """Optimize a text artifact with plain GEPA, scored by the same metric.py that serves DSPy.
+
+    seed: the starting artifact, a str (run gets a str) or a dict of named texts (run gets the dict).
+    run: run(artifact, input) -> output, or a path to run.py defining it; its return value is the
+        metric's `output`. metric: a path to metric.py, a module, a score function, or a Metric.
+    trainset / valset: examples, each {"input": {...}, "expected": {...} | None} (see split_row)
+        or a dspy.Example. Without valset, GEPA validates on trainset.
+    reflection_lm: the model that proposes new versions: a LiteLLM model string, a dict of LiteLLM
+        settings ({"model", "api_base", "api_key", ...}), a dspy.LM, or a callable(prompt) -> str.
+        llm() in the metric uses metric_lm, else this model (unless it is a bare callable).
+    objective / background: plain-language goal and constraints shown to the reflection model.
+    max_metric_calls: GEPA's budget of (candidate, example) evaluations. rng_seed: GEPA's random seed.
+    config: load_metric options (timeout, failure_score, feedback_limit, memo_size, judge_cache), any
+        field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,
+        max_workers, reflection_minibatch_size, logger, run_dir, ...), and merge= (True or a
+        MergeConfig), refiner=, callbacks=, stop_callbacks=.
+    Returns GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
+    Only the feedback text and the named scores reach the reflection model.
+    """
+    from gepa import optimize_anything as oa
+
+    if seed is None:
+        raise ValueError(
+            "seed is required: GEPA's seedless mode shows dataset examples, expected values included, "
+            "to the reflection model. Give a first version of the artifact, even a rough one"
+        )
+    if not isinstance(seed, (str, dict)) or (
+        isinstance(seed, dict) and not all(isinstance(k, str) and isinstance(v, str) for k, v in seed.items())
+    ):
+        raise TypeError(f"seed must be a str or a dict of str names to str texts, got {shorten(seed)}")
+    if reflection_lm is None:
+        raise ValueError("reflection_lm is required: the model that proposes new versions of the artifact")
+
+    groups = _split_config(config)
+    metric_options = groups.pop("metric")
+    if max_metric_calls is None and not any(
+        groups["engine"].get(name) is not None for name in ("max_candidate_proposals", "max_reflection_cost")
+    ) and groups["top"].get("stop_callbacks") is None:
+        raise ValueError("give GEPA a budget: max_metric_calls=... (or max_candidate_proposals=, stop_callbacks=)")
+
+    train = _examples(trainset, "trainset")
+    val = _examples(valset, "valset") if valset is not None else None
+    evaluator = make_evaluator(run, metric, metric_lm=metric_lm, reflection_lm=reflection_lm, **metric_options)
+
+    reflection = groups["reflection"]
+    lm_overrides = reflection.pop("reflection_lm_kwargs", None) or {}
+    reflection["reflection_lm"] = reflection_callable(reflection_lm, **lm_overrides)
+    engine = {"seed": rng_seed, **groups["engine"]}
+    if max_metric_calls is not None:
+        engine["max_metric_calls"] = max_metric_calls
+    top = groups["top"]
+    if top.get("merge") is True:
+        top["merge"] = oa.MergeConfig()
+    elif top.get("merge") is False:
+        top["merge"] = None
+    gepa_config = oa.GEPAConfig(
+        engine=oa.EngineConfig(**engine),
+        reflection=oa.ReflectionConfig(**reflection),
+        tracking=oa.TrackingConfig(**groups["tracking"]),
+        **top,
+    )
+    return oa.optimize_anything(
+        seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
+        evaluator=evaluator,
+        dataset=train,
+        valset=val,
+        objective=objective,
+        background=background,
+        config=gepa_config,
+    )
+
+
+def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Sort optimize_anything()'s keyword arguments into load_metric options and GEPA's config groups."""
+    import dataclasses
+
+    from gepa import optimize_anything as oa
+
+    fields = {
+        "engine": {f.name for f in dataclasses.fields(oa.EngineConfig)} - {"seed", "max_metric_calls"},
+        "reflection": {f.name for f in dataclasses.fields(oa.ReflectionConfig)} - {"reflection_lm"},
+        "tracking": {f.name for f in dataclasses.fields(oa.TrackingConfig)},
+        "top": {"merge", "refiner", "callbacks", "stop_callbacks"},
+        "metric": set(METRIC_OPTIONS),
+    }
+    groups: dict[str, dict[str, Any]] = {name: {} for name in fields}
+    unknown = []
+    for name, value in config.items():
+        if name in _REFUSED:
+            raise TypeError(f"optimize_anything() does not take {name}=: {_REFUSED[name]}")
+        group = next((group for group, names in fields.items() if name in names), None)
+        if group is None:
+            unknown.append(name)
+        else:
+            groups[group][name] = value
+    if unknown:
+        known = sorted(set().union(*fields.values()))
+        raise TypeError(
+            f"optimize_anything() got unknown argument(s) {', '.join(map(repr, unknown))}; "
+            f"it takes these settings: {', '.join(known)}"
+        )
+    return groups

@@ -25,9 +25,13 @@ def validate_spec(spec: Any) -> dict[str, float]:
         raise RewardSpecError(
             f"REWARD_SPEC has unknown key(s) {', '.join(unknown)}; allowed: weights, accuracy, speed, cost"
         )
-    weights = spec.get("weights")
-    if not isinstance(weights, dict):
+    if "weights" not in spec:
         raise RewardSpecError("REWARD_SPEC['weights'] is missing; give {'accuracy': w, 'speed': w, 'cost': w}")
+    weights = spec["weights"]
+    if not isinstance(weights, dict):
+        raise RewardSpecError(
+            f"REWARD_SPEC['weights'] must be a dict {{'accuracy': w, 'speed': w, 'cost': w}}, got {shorten(weights)}"
+        )
     extra = sorted(set(map(str, weights)) - set(COMPONENTS))
     if extra:
         raise RewardSpecError(f"REWARD_SPEC['weights'] has unknown key(s) {', '.join(extra)}")
@@ -67,6 +71,15 @@ def falloff(reference: float, value: float) -> float:
     return reference / (reference + max(0.0, value))
 
 
+def _usd(amount: float) -> str:
+    """A dollar amount readable at LLM scale: $0.01235, $0.00027, $3.2e-08."""
+    if amount == 0 or amount >= 0.01:
+        return f"${amount:.4g}" if amount < 1000 else f"${amount:,.2f}"
+    if amount >= 1e-6:
+        return f"${amount:.6f}".rstrip("0")
+    return f"${amount:.1e}"
+
+
 def compute(
     spec: dict,
     accuracy: float,
@@ -91,6 +104,8 @@ def compute(
         accuracy_part = falloff(float(accuracy_reference), accuracy_value)
         lines.append(f"accuracy {accuracy_part:.2f} (error {accuracy_value:g} vs reference {accuracy_reference:g})")
 
+    if observation is not None and observation.unmeasured_reason:
+        unmeasured_reason = observation.unmeasured_reason
     speed_reference = float(spec["speed"]["reference"])
     run_ms = observation.run_ms if observation is not None else None
     if run_ms is None:
@@ -108,7 +123,7 @@ def compute(
         lines.append(f"cost 0.00 (cost not measured: {why or 'no model cost was recorded'})")
     else:
         cost_part = falloff(cost_reference, cost)
-        lines.append(f"cost {cost_part:.2f} (${cost:.6f} vs reference ${cost_reference:g})")
+        lines.append(f"cost {cost_part:.2f} ({_usd(cost)} vs reference {_usd(cost_reference)})")
 
     parts = {"accuracy": accuracy_part, "speed": speed_part, "cost": cost_part}
     total = sum(weights[name] * parts[name] for name in COMPONENTS)

@@ -9,58 +9,118 @@ from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad arguments or an unreadable file: reported in one line, exit code 2."""
 
 
 def _read_cases(path: Path) -> list[dict[str, Any]]:
+    """The cases of a JSONL file, each checked; UsageError naming the file and line otherwise."""
+    from ._check import parse_case
+
+    if path.is_dir():
+        raise UsageError(f"the data file {path} is a folder; give the path of a .jsonl file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise UsageError(f"data file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the data file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
     cases = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                case = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(case, dict):
-                raise ValueError(f"{path}, line {number}: each line must be a JSON object with an 'input' key")
-            cases.append(case)
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            case = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object "
+                'per line, like {"input": {...}, "expected": {...}}'
+            ) from None
+        try:
+            parse_case(case)
+        except ValueError as exc:
+            raise UsageError(f"{path}, line {number}: {exc}") from None
+        cases.append(case)
     if not cases:
-        raise ValueError(f"{path} holds no cases; write one JSON object per line")
+        raise UsageError(f"the data file {path} holds no cases; write one JSON object per line")
     return cases
 
 
+def _timeout(text: str) -> float:
+    from ._contract import check_timeout
+
+    try:
+        return check_timeout(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds in (0, 600]; the default is 60"
+        ) from None
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of field names, e.g. label,date")
+    return names
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="skynet-dspy", description="Skynet metrics for DSPy and GEPA.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="check that a metric.py keeps the Skynet metric contract")
-    check.add_argument("metric", type=Path, help="path to metric.py")
-    check.add_argument("--data", type=Path, required=True,
-                       help='JSONL cases: {"input": {...}, "output": ..., "expected": {...}} per line')
-    check.add_argument("--timeout", type=float, default=60.0, help="seconds per metric call (0 < S <= 600)")
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA."
+    )
+    parser.add_argument("--version", action="version", version=f"skynet-dspy {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = commands.add_parser(
+        "check",
+        help="check that a metric.py keeps the metric contract",
+        description="Run METRIC.py on the first three cases of CASES.jsonl and report, item by item, whether "
+        "it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad arguments.",
+    )
+    check.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
+    check.add_argument(
+        "--data", type=Path, required=True, metavar="CASES.jsonl",
+        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", '
+        "the expected values are scored as the output",
+    )
+    check.add_argument(
+        "--timeout", type=_timeout, default=60.0, metavar="S",
+        help="seconds each call of score may take (0 < S <= 600; default 60)",
+    )
+    check.add_argument(
+        "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
+        help="the expected fields that make up an output, when expected holds more (an id, a note)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 contract holds, 1 broken, 2 bad arguments)."""
-    args = _parser().parse_args(argv)
-    from ._contract import check_timeout
-
     try:
-        check_timeout(args.timeout)
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage and the error (or --help / --version)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        if args.metric.is_dir():
+            raise UsageError(f"{args.metric} is a folder; give the path of the metric file, e.g. metric.py")
         if not args.metric.is_file():
-            raise ValueError(f"metric file not found: {args.metric}")
+            raise UsageError(f"metric file not found: {args.metric}")
         cases = _read_cases(args.data)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        from ._check import check_contract
+
+        report = check_contract(args.metric, cases, timeout=args.timeout, output_fields=args.output_fields)
+    except UsageError as exc:
         print(f"skynet-dspy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-
-    from ._check import check_contract
-
-    try:
-        report = check_contract(args.metric, cases, timeout=args.timeout)
-    except ValueError as exc:
-        print(f"skynet-dspy: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("skynet-dspy: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(report)
     return EXIT_OK if report.ok else EXIT_BROKEN
 

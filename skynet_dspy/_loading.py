@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import builtins
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
+import linecache
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,8 +19,10 @@ from types import ModuleType
 from typing import Any
 
 from . import helpers
+from ._contract import a_type
 
 _module_numbers = itertools.count(1)
+_SCORE_EXAMPLE = "def score(input, output, expected=None):"
 
 
 class MetricLoadError(Exception):
@@ -50,69 +57,225 @@ def load(source: Any) -> LoadedMetric:
         spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
         return LoadedMetric(source, _takes_expected(source, name), name, spec, owner)
     raise TypeError(
-        f"load_metric() takes a path to metric.py, a module, or a score function; got {type(source).__name__}"
+        "load_metric() takes a path to metric.py, an imported module, or a score function; "
+        f"got {type(source).__name__}"
     )
 
 
 def _from_module(module: ModuleType, name: str) -> LoadedMetric:
     score = getattr(module, "score", None)
     if score is None:
+        functions = sorted(
+            key for key, value in vars(module).items()
+            if inspect.isfunction(value) and getattr(value, "__module__", None) == module.__name__
+        )
+        found = f" (it defines {', '.join(functions)})" if functions else ""
         raise MetricLoadError(
-            f"{name} defines no function named `score`. "
-            "Add `def score(input, output, expected=None):` returning (score, {'feedback': ...})."
+            f"{name} defines no function named `score`{found}. "
+            f"Add `{_SCORE_EXAMPLE}` returning (score, {{'feedback': '...'}})."
         )
     if not callable(score):
         raise MetricLoadError(
-            f"{name}: `score` is a {type(score).__name__}, not a function. "
-            "Define `def score(input, output, expected=None): ...`."
+            f"{name}: `score` is {a_type(score)}, not a function. Define `{_SCORE_EXAMPLE} ...`."
         )
     spec = getattr(module, "REWARD_SPEC", None)
     return LoadedMetric(score, _takes_expected(score, name), name, spec, module)
 
 
 def _load_file(path: Path) -> ModuleType:
-    """Run a metric file as a fresh module of its own, so two files (or a changed file) never mix."""
+    """Run a metric file as a fresh module of its own, so two files (or a changed file) never mix.
+
+    The source is read and compiled here rather than by the import system, whose bytecode cache
+    keys on the file's mtime in whole seconds and would run a stale copy of a file edited twice
+    within a second; it also leaves no __pycache__ beside the user's file. Modules beside the file
+    are imported through the metric's own import hook (see _Siblings), never through sys.path.
+    """
+    if path.is_dir():
+        raise MetricLoadError(f"{path} is a folder; give the path of the metric file inside it, e.g. {path}/metric.py")
     if not path.is_file():
         raise FileNotFoundError(f"metric file not found: {path}")
-    helpers.register()
-    module_name = f"skynet_metric_{next(_module_numbers)}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise MetricLoadError(f"{path} cannot be loaded as a Python file; name it metric.py")
-    module = importlib.util.module_from_spec(spec)
-    folder = str(path.resolve().parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)  # so the metric can import modules beside it
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        source = path.read_bytes()
+    except OSError as exc:
+        raise MetricLoadError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        code = compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
+        raise MetricLoadError(_syntax_message(path, exc)) from None
+    except ValueError as exc:  # e.g. null bytes in the source
+        raise MetricLoadError(f"{path} is not Python source: {exc}") from None
+
+    helpers.register()
+    number = next(_module_numbers)
+    module_name = f"skynet_metric_{number}_{_identifier(path.stem)}"
+    siblings = _Siblings(f"skynet_metric_{number}__beside", path.resolve().parent)
+    module = ModuleType(module_name)
+    module.__file__ = str(path)
+    module.__package__ = siblings.root  # `from . import helper` finds modules beside the file too
+    module.__dict__["__builtins__"] = siblings.builtins
+    sys.modules[module_name] = module  # dataclasses, pickling and typing look the module up by name
+    _remember_source(path, source)
+    try:
+        exec(code, module.__dict__)
+    except BaseException as exc:  # SystemExit / KeyboardInterrupt at import are the file's fault too
         sys.modules.pop(module_name, None)
-        where = f", line {exc.lineno}" if exc.lineno else ""
-        raise MetricLoadError(
-            f"{path}{where}: syntax error: {exc.msg}. Fix the syntax of the file and load it again."
-        ) from None
-    except BaseException as exc:
-        sys.modules.pop(module_name, None)
-        line = _line_in(path, exc)
-        where = f", line {line}" if line else ""
-        raise MetricLoadError(
-            f"{path}{where}: importing the file raised {type(exc).__name__}: {exc}. "
-            "Fix the module-level code so the file imports cleanly."
-        ) from None
-    finally:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
+        siblings.discard()
+        raise MetricLoadError(_import_message(path, exc)) from None
     return module
+
+
+class _Siblings:
+    """The modules beside one loaded metric file, imported for that metric alone.
+
+    `import helper` in the metric (at import or later, inside score) loads helper.py from the
+    metric's folder as `<root>.helper`, a module private to this load: two metric folders with
+    a same-named helper each get their own, loading the metric again reloads its helpers, and
+    sys.path is never touched. Standard-library names and `skynet` are never taken from the folder.
+    """
+
+    _lock = threading.Lock()
+    _roots: dict[str, _Siblings] = {}  # root package name -> its metric's siblings, read by _SiblingFinder
+
+    def __init__(self, root: str, folder: Path):
+        self.root = root
+        self.folder = folder
+        self._found: dict[str, bool] = {}
+        self.builtins = dict(vars(builtins))
+        self.builtins["__import__"] = self._import
+        package = ModuleType(root)
+        package.__path__ = [str(folder)]
+        package.__package__ = root
+        with self._lock:
+            self._roots[root] = self
+            if not any(finder is _SiblingFinder for finder in sys.meta_path):
+                sys.meta_path.insert(0, _SiblingFinder)
+        sys.modules[root] = package
+
+    def _beside(self, name: str) -> bool:
+        found = self._found.get(name)
+        if found is None:
+            found = name != "skynet" and name not in sys.stdlib_module_names and (
+                (self.folder / f"{name}.py").is_file() or (self.folder / name / "__init__.py").is_file()
+            )
+            self._found[name] = found
+        return found
+
+    def _import(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if level == 0 and name and self._beside(name.partition(".")[0]):
+            module = builtins.__import__(f"{self.root}.{name}", globals, locals, fromlist, 0)
+            return module if fromlist else sys.modules[f"{self.root}.{name.partition('.')[0]}"]
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    def discard(self) -> None:
+        """Forget this load's helper modules (after a failed load)."""
+        with self._lock:
+            self._roots.pop(self.root, None)
+        for name in [name for name in sys.modules if name == self.root or name.startswith(self.root + ".")]:
+            sys.modules.pop(name, None)
+
+
+class _SiblingFinder:
+    """Finds `<root>.helper` modules in the folder of the metric that owns `<root>`."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        root, _, rest = fullname.partition(".")
+        siblings = _Siblings._roots.get(root)
+        if siblings is None or not rest:
+            return None
+        base = siblings.folder.joinpath(*rest.split("."))
+        package = base / "__init__.py"
+        if package.is_file():
+            return importlib.util.spec_from_file_location(
+                fullname, package, loader=_SiblingLoader(package, siblings.builtins),
+                submodule_search_locations=[str(base)],
+            )
+        file = base.parent / f"{base.name}.py"
+        if file.is_file():
+            loader = _SiblingLoader(file, siblings.builtins)
+            return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+        return None
+
+
+class _SiblingLoader(importlib.abc.Loader):
+    """Runs a helper module from its source (never a cached .pyc) with its metric's import hook."""
+
+    def __init__(self, path: Path, builtins_dict: dict):
+        self.path = path
+        self.builtins = builtins_dict
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        source = self.path.read_bytes()
+        code = compile(source, str(self.path), "exec", dont_inherit=True)
+        module.__dict__["__builtins__"] = self.builtins
+        _remember_source(self.path, source)
+        exec(code, module.__dict__)
+
+
+def _remember_source(path: Path, source: bytes) -> None:
+    """Make tracebacks and inspect show the version of the file that was run, even if it changes later."""
+    try:
+        lines = importlib.util.decode_source(source).splitlines(keepends=True)
+    except (SyntaxError, UnicodeDecodeError):
+        return
+    linecache.cache[str(path)] = (len(source), None, lines, str(path))
+
+
+def _identifier(stem: str) -> str:
+    return "".join(char if char.isalnum() else "_" for char in stem)
+
+
+def _syntax_message(path: Path, exc: SyntaxError) -> str:
+    where = f", line {exc.lineno}" if exc.lineno else ""
+    text = (exc.text or "").strip("\n")
+    shown = f": `{text.strip()}`" if text.strip() else ""
+    return f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
+
+
+def _import_message(path: Path, exc: BaseException) -> str:
+    line = _line_in(path, exc)
+    where = f", line {line}" if line else ""
+    code = linecache.getline(str(path), line).strip() if line else ""
+    shown = f" (`{code}`)" if code else ""
+    if isinstance(exc, SystemExit):
+        what = f"called exit ({exc.code!r})"
+    elif isinstance(exc, SyntaxError) and exc.filename and exc.filename != str(path):
+        what = f"imported a file with a syntax error: {exc.filename}, line {exc.lineno}: {exc.msg}"
+    else:
+        message = str(exc)
+        what = f"raised {type(exc).__name__}" + (f": {message}" if message else "")
+        origin = _origin(path, exc)
+        if origin:
+            what += f" (in {origin})"
+    hint = "Fix the module-level code so the file imports cleanly."
+    if isinstance(exc, ModuleNotFoundError):
+        hint = f"Install the missing package into this Python environment ({sys.executable})."
+    elif isinstance(exc, ImportError) and getattr(exc, "name", None) in ("skynet", helpers.__name__):
+        hint = "The `skynet` module provides llm, reward, observation and service_cost."
+    return f"{path}{where}{shown}: importing the file {what}. {hint}"
+
+
+def _origin(path: Path, exc: BaseException) -> str | None:
+    """Where, outside the metric file, an exception at import came from: a helper module beside it, say."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or _line_in(path, exc) is None:
+        return None
+    last = frames[-1]
+    if last.filename == str(path) or last.filename.startswith("<") or "importlib" in last.filename:
+        return None
+    return f"{last.filename}, line {last.lineno}"
 
 
 def _line_in(path: Path, exc: BaseException) -> int | None:
     """The last line of `path` in the traceback of `exc`, if the file appears there."""
-    resolved = str(path.resolve())
+    wanted = str(path)
+    resolved = path.resolve()
     line = None
     for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename and Path(frame.filename).resolve().as_posix() == Path(resolved).as_posix():
+        if frame.filename == wanted or (frame.filename and Path(frame.filename).resolve() == resolved):
             line = frame.lineno
     return line
 
@@ -120,17 +283,21 @@ def _line_in(path: Path, exc: BaseException) -> int | None:
 def _takes_expected(score: Callable[..., Any], name: str) -> bool:
     """True for score(input, output, expected), False for score(input, output); else MetricLoadError."""
     try:
-        params = inspect.signature(score).parameters.values()
+        signature = inspect.signature(score)
     except (TypeError, ValueError) as exc:
-        raise MetricLoadError(f"{name}: cannot read the signature of score: {exc}", "Metric signature") from None
+        raise MetricLoadError(
+            f"{name}: cannot read the parameters of score ({exc}). Define `{_SCORE_EXAMPLE}` in Python.",
+            "Metric signature",
+        ) from None
+    params = signature.parameters.values()
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     required_keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
-    shown = f"score{inspect.signature(score)}"
+    shown = f"score{signature}"
     if required_keywords:
         raise MetricLoadError(
-            f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)} that are never "
-            "passed. Use `def score(input, output, expected=None)`.",
+            f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)}, which are never "
+            f"passed. Define `{_SCORE_EXAMPLE}`.",
             "Metric signature",
         )
     if has_varargs and len(positional) <= 3:
@@ -139,8 +306,9 @@ def _takes_expected(score: Callable[..., Any], name: str) -> bool:
         return False
     if len(positional) == 3:
         return True
+    count = f"{len(positional)} parameter{'' if len(positional) == 1 else 's'}"
     raise MetricLoadError(
-        f"{name}: {shown} takes {len(positional)} positional parameter(s); score must take two "
-        "(input, output) or three (input, output, expected). Use `def score(input, output, expected=None)`.",
+        f"{name}: {shown} takes {count}; score must take two, (input, output), or three, "
+        f"(input, output, expected). Define `{_SCORE_EXAMPLE}`.",
         "Metric signature",
     )

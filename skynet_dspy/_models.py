@@ -395,6 +395,12 @@ class Models:
                 try:
                     with not_measured():
                         response = litellm.completion(**request)
+                    self._account(response)
+                    text = _text_of(response)
+                    if not text.strip():
+                        raise _EmptyCompletion(
+                            f"the model returned an empty completion (finish_reason={_finish_reason(response)})"
+                        )
                 except Exception as exc:
                     with self._lock:
                         self._errors += 1
@@ -426,8 +432,7 @@ class Models:
                     )
                     _sleep(delay)
                     continue
-                self._account(response)
-                return _text_of(response)
+                return text
         finally:
             with self._lock:
                 self._seconds += time.perf_counter() - started
@@ -501,7 +506,20 @@ def _status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
+class _EmptyCompletion(Exception):
+    """The model answered, but with no text: retried like a transient error."""
+
+
+def _finish_reason(response: Any) -> str:
+    try:
+        return str(response.choices[0].finish_reason)
+    except (AttributeError, IndexError, TypeError):
+        return "unknown"
+
+
 def _retryable(exc: BaseException, status: int | None) -> bool:
+    if isinstance(exc, _EmptyCompletion):
+        return True
     if status is not None and (status in _RETRY_STATUSES or status >= 500):
         return True
     if isinstance(exc, (ConnectionError, TimeoutError)):

@@ -1,4 +1,9 @@
-"""DSPy ↔ Skynet values (SPEC §3): dspy.Example / dspy.Prediction → plain input, output, expected."""
+"""DSPy ↔ Skynet values (SPEC §3): dspy.Example / dspy.Prediction → plain input, output, expected.
+
+Everything handed to a metric is detached: plain dicts, lists and copies, so nothing the metric
+does to its arguments reaches the dataset or the prediction, and no dspy.Example or
+dspy.Prediction ever reaches it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from typing import Any
 
 # Fields DSPy modules add to a prediction that are not the program's answer.
 BOOKKEEPING_FIELDS = frozenset({"reasoning", "trajectory"})
-_IMMUTABLE = (str, int, float, bool, bytes, type(None), complex)
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None), complex})
+_DSPY_PREFIX = "dspy_"
 
 
 class MissingOutputField(LookupError):
@@ -16,17 +22,37 @@ class MissingOutputField(LookupError):
 
 
 def detach(value: Any) -> Any:
-    """A copy of `value` the metric may change without touching the dataset or prediction."""
-    if isinstance(value, _IMMUTABLE):
+    """A copy of `value` the metric may change without touching the dataset or prediction.
+
+    Nested dspy.Example / dspy.Prediction values become plain dicts of their fields.
+    """
+    if type(value) in _IMMUTABLE:
         return value
+    return _detach_slow(value)
+
+
+def _detach_slow(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: detach(item) for key, item in value.items()}
     if isinstance(value, list):
         return [detach(item) for item in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(detach(item) for item in value)
+    store = _store_of(value)
+    if store is not None:  # a dspy.Example or dspy.Prediction nested in a field
+        return {key: detach(item) for key, item in store.items() if not key.startswith(_DSPY_PREFIX)}
     try:
         return copy.deepcopy(value)
     except Exception:
-        return value
+        return value  # an object that cannot be copied is handed over as it is
+
+
+def _store_of(record: Any) -> dict[str, Any] | None:
+    try:
+        from dspy.primitives.example import Example
+    except ImportError:  # pragma: no cover - dspy is a dependency
+        return None
+    return record._store if isinstance(record, Example) else None
 
 
 def _fields(record: Any) -> dict[str, Any]:
@@ -34,17 +60,32 @@ def _fields(record: Any) -> dict[str, Any]:
     store = getattr(record, "_store", None)
     if store is None:
         store = dict(record)
-    return {key: value for key, value in store.items() if not key.startswith("dspy_")}
+    return {key: value for key, value in store.items() if not key.startswith(_DSPY_PREFIX)}
 
 
-def example_input(example: Any) -> dict[str, Any]:
-    """`input`: the example's input fields as a plain dict."""
+def split_example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(`input`, `expected`) of a dspy.Example: its input fields, and its label fields or None."""
     keys = getattr(example, "_input_keys", None)
     if keys is None:
         raise ValueError(
             "the dspy.Example has no input fields marked; call example.with_inputs('field', ...) on the dataset"
         )
-    return {key: detach(value) for key, value in _fields(example).items() if key in keys}
+    store = getattr(example, "_store", None)
+    if store is None:
+        store = dict(example)
+    inputs: dict[str, Any] = {}
+    labels: dict[str, Any] = {}
+    for key, value in store.items():
+        if key in keys:
+            inputs[key] = value if type(value) in _IMMUTABLE else _detach_slow(value)
+        elif not key.startswith(_DSPY_PREFIX):
+            labels[key] = value if type(value) in _IMMUTABLE else _detach_slow(value)
+    return inputs, (labels or None)
+
+
+def example_input(example: Any) -> dict[str, Any]:
+    """`input`: the example's input fields as a plain dict."""
+    return split_example(example)[0]
 
 
 def example_expected(example: Any) -> dict[str, Any] | None:
@@ -61,10 +102,10 @@ def output_columns(prediction: Any, columns: Sequence[str] | None = None) -> dic
         return {key: value for key, value in fields.items() if key not in BOOKKEEPING_FIELDS}
     missing = [name for name in columns if name not in fields]
     if missing:
+        names = ", ".join(repr(name) for name in missing)
         raise MissingOutputField(
-            f"the prediction has no field {', '.join(repr(name) for name in missing)} "
-            f"(fields present: {', '.join(fields) or 'none'}); the program must produce every output column "
-            "named in output_fields"
+            f"the prediction has no field {names} (fields present: {', '.join(fields) or 'none'}); "
+            "the program must produce every output column named in output_fields"
         )
     return {name: fields[name] for name in columns}
 
@@ -81,9 +122,27 @@ def prediction_output(
     columns: Sequence[str] | None = None,
     to_output: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """`output`: what the metric sees for a prediction."""
+    """`output`: what the metric sees for a prediction (see SPEC §3)."""
     if to_output is not None:
         return detach(to_output(prediction))
+    if columns is None:
+        store = getattr(prediction, "_store", None)
+        if store is None:
+            store = dict(prediction)
+        found = None
+        many: dict[str, Any] | None = None
+        for key, value in store.items():
+            if key in BOOKKEEPING_FIELDS or key.startswith(_DSPY_PREFIX):
+                continue
+            if many is not None:
+                many[key] = value
+            elif found is None:
+                found = (key, value)
+            else:
+                many = {found[0]: found[1], key: value}
+        if many is not None:
+            return detach(many)
+        return {} if found is None else detach(found[1])
     return detach(collapse(output_columns(prediction, columns)))
 
 

@@ -1,0 +1,91 @@
+"""Pieces the benchmarks share: timing summaries, the loopback judge, and the hand-written baseline metric."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy  # noqa: E402
+
+from skynet_dspy.devserver import DevServer, Request  # noqa: E402
+
+METRICS = Path(__file__).parent / "metrics"
+# The loopback server takes any key; a user's real key would go here.
+KEY = "local-bench-key"
+MODEL = "openai/gpt-4o-mini"
+
+
+def percentile(ordered: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence."""
+    if not ordered:
+        raise ValueError("no samples")
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return float(ordered[index])
+
+
+def summarize_ns(samples: Sequence[int]) -> dict[str, float]:
+    """Median, p99 and mean of per-call times given in nanoseconds, in microseconds."""
+    ordered = sorted(samples)
+    return {
+        "median_us": percentile(ordered, 0.5) / 1000,
+        "p99_us": percentile(ordered, 0.99) / 1000,
+        "mean_us": sum(ordered) / len(ordered) / 1000,
+    }
+
+
+_FIELD = re.compile(r"^(Expected|Answer): (.*)$", re.MULTILINE)
+
+
+def judge_responder(request: Request) -> str:
+    """The judge: PASS when the answer equals the expected value (or when none is given), else FAIL."""
+    fields = dict(_FIELD.findall(request.user))
+    answer = fields.get("Answer", "").strip()
+    if "Expected" not in fields or fields["Expected"].strip() == answer:
+        return "PASS. The answer matches what was asked."
+    return f"FAIL. The answer {answer!r} is wrong; the right answer is {fields['Expected'].strip()!r}."
+
+
+def judge_server(delay: float = 0.0) -> DevServer:
+    """A started loopback judge that reports a model LiteLLM can price."""
+    return DevServer(judge_responder, model_name="gpt-4o-mini", delay=delay).start()
+
+
+def server_lm(url: str) -> dspy.LM:
+    """A dspy.LM reaching the loopback server at `url` through LiteLLM, as a user's provider; no DSPy cache."""
+    return dspy.LM(MODEL, api_base=url, api_key=KEY, cache=False)
+
+
+class HandWrittenJudge:
+    """The baseline: what a user writes without this package.
+
+    A GEPA feedback metric that calls the judge with `litellm.completion` on every metric call,
+    with the same messages as benchmarks/metrics/judge.py, and counts its calls.
+    """
+
+    def __init__(self, url: str):
+        from benchmarks.metrics import judge
+
+        self.url = url
+        self.judge = judge
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, gold: Any, pred: Any, trace: Any = None, pred_name: Any = None, pred_trace: Any = None):
+        import litellm
+
+        with self._lock:
+            self.calls += 1
+        labels = {key: gold[key] for key in gold.labels().keys()}
+        messages = [
+            {"role": "system", "content": self.judge.JUDGE_INSTRUCTIONS},
+            {"role": "user", "content": self.judge.judge_input(dict(gold.inputs()), pred.answer, labels or None)},
+        ]
+        reply = litellm.completion(model=MODEL, api_base=self.url, api_key=KEY, messages=messages)
+        verdict = reply.choices[0].message.content or ""
+        return dspy.Prediction(score=1.0 if verdict.strip().upper().startswith("PASS") else 0.0, feedback=verdict)

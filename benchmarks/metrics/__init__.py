@@ -1,0 +1,1 @@
+"""Metric files the benchmarks load, in Skynet form (`score(input, output, expected=None)`)."""

@@ -1,0 +1,331 @@
+"""`make bench`: what skynet-dspy costs per call, how many judge calls a GEPA run pays, how it scales, its memory.
+
+Four benchmarks, each against its baseline in the same run:
+
+1. per-call overhead: the adapter `metric(gold, pred)` vs the bare `score(input, output, expected)`;
+2. judge requests per dspy.GEPA run on the bundled example: the adapter vs a hand-written LiteLLM metric;
+3. dspy.Evaluate throughput with a 50 ms judge at 1-16 threads: the adapter vs the hand-written metric;
+4. resident memory over 1,000,000 adapter calls on distinct predictions vs bare score calls.
+
+    .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
+    .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
+
+Figures, never assertions: machines are shared and noisy; the table says which targets were met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+RESULTS = Path(__file__).parent / "results"
+LATEST = RESULTS / "latest.json"
+ALL = (1, 2, 3, 4)
+NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory"}
+
+
+@dataclass
+class Sizes:
+    """How big each benchmark runs."""
+
+    calls: int = 100_000  # 1: adapter calls timed
+    gepa_budget: int = 120  # 2: GEPA's max_metric_calls
+    gepa_train: int | None = None  # 2: training examples (None: the bundled example's all)
+    gepa_val: int | None = None  # 2: validation examples (None: all)
+    gepa_threads: int = 4  # 2: GEPA's num_threads
+    examples: int = 200  # 3: dspy.Evaluate examples per thread count
+    delay: float = 0.05  # 3: seconds the judge takes to answer
+    threads: tuple[int, ...] = (1, 2, 4, 8, 16)  # 3
+    repeats: int = 2  # 3: runs per point, the fastest counts
+    memory_calls: int = 1_000_000  # 4: adapter calls (and bare calls)
+
+
+QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
+              repeats=1, memory_calls=20_000)
+
+
+def _quiet() -> None:
+    import dspy  # noqa: F401  (dspy sets its loggers' levels on import; set ours after)
+
+    for name in ("dspy", "gepa", "LiteLLM", "litellm", "httpx", "skynet_dspy"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run(sizes: Sizes, only: tuple[int, ...] = ALL, profile_calls: int = 20_000,
+        say: Any = None) -> dict[str, Any]:
+    """Run the chosen benchmarks and return every figure (the JSON document)."""
+    from benchmarks import machine
+
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    _quiet()
+    doc: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine.describe(),
+        "sizes": asdict(sizes),
+    }
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    doc["timings_s"] = timings
+    mark = started
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        timings[name] = round(now - mark, 3)
+        mark = now
+
+    if 1 in only:
+        from benchmarks import overhead
+
+        say(f"[1/4] per-call overhead: {sizes.calls:,} calls ...")
+        doc["overhead"] = overhead.run(sizes.calls, warmup=min(1000, sizes.calls))
+        for where in ("main_thread", "worker_thread"):
+            if not doc["overhead"][where]["target_met"] and profile_calls:
+                say(f"      target missed on the {where.replace('_', ' ')}; profiling {profile_calls:,} calls ...")
+                doc["overhead"][where]["profile"] = overhead.profile(profile_calls,
+                                                                     worker_thread=where == "worker_thread")
+        lap("overhead")
+    if 4 in only:
+        from benchmarks import memory
+
+        say(f"[4/4] memory: {sizes.memory_calls:,} adapter calls in a fresh process ...")
+        doc["memory"] = memory.run(sizes.memory_calls)
+        lap("memory")
+    if 2 in only:
+        from benchmarks import judge_calls
+
+        say(f"[2/4] judge requests per GEPA run: budget {sizes.gepa_budget}, twice ...")
+        doc["judge_calls"] = judge_calls.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
+        lap("judge_calls")
+    if 3 in only:
+        from benchmarks import threads
+
+        say(f"[3/4] thread scaling: {sizes.examples} examples at {sizes.delay * 1000:g} ms, threads "
+            f"{', '.join(map(str, sizes.threads))}, {sizes.repeats} run(s) each with and without the adapter ...")
+        doc["threads"] = threads.run(sizes.examples, sizes.delay, sizes.threads, sizes.repeats)
+        lap("threads")
+    doc["seconds"] = time.perf_counter() - started
+    try:
+        doc["machine"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        pass
+    return doc
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def _met(flag: bool | None) -> str:
+    return "met" if flag else "**missed**"
+
+
+def _us(value: float) -> str:
+    return f"{value:,.1f} µs" if abs(value) < 1000 else f"{value / 1000:,.2f} ms"
+
+
+def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(benchmark, skynet-dspy, baseline, difference, target) for each benchmark present."""
+    out = []
+    if "overhead" in doc:
+        o = doc["overhead"]
+        main, worker = o["main_thread"], o["worker_thread"]
+
+        def timing(part: dict[str, Any]) -> str:
+            return f"median {_us(part['median_us'])}, p99 {_us(part['p99_us'])}"
+
+        out.append((
+            f"1. Per-call overhead ({o['calls']:,} calls per thread, exact match, timeout {o['timeout_s']:g} s)",
+            f"main thread: {timing(main['adapter'])}; other thread: {timing(worker['adapter'])}; "
+            f"memo hit: median {_us(main['memo_hit']['median_us'])} / {_us(worker['memo_hit']['median_us'])}",
+            f"bare `score()`: {timing(main['bare'])} / {timing(worker['bare'])}; a bare thread round trip "
+            f"(the floor of any cross-thread timeout): {timing(o['thread_handoff_floor'])}",
+            f"main thread +{_us(main['overhead_median_us'])} median ({main['ratio_median']:,.0f}×), "
+            f"+{_us(main['overhead_p99_us'])} p99; other thread +{_us(worker['overhead_median_us'])} median "
+            f"({worker['ratio_median']:,.0f}×), +{_us(worker['overhead_p99_us'])} p99",
+            f"< {o['target_us']:g} µs median: main thread {_met(main['target_met'])}, "
+            f"other thread {_met(worker['target_met'])}",
+        ))
+    if "judge_calls" in doc:
+        j = doc["judge_calls"]
+        s, h = j["skynet"], j["hand_written"]
+        saved = f"{j['saved_judge_requests']} fewer ({j['saved_judge_requests'] / h['judge_requests']:.0%})" if (
+            h["judge_requests"]) else "n/a"
+        out.append((
+            f"2. Judge requests per `dspy.GEPA` run (bundled example, max_metric_calls={j['budget']}, "
+            f"seed {j['seed']})",
+            f"{s['judge_requests']} requests for {s['metric_calls']} metric calls; "
+            f"{s['distinct_pairs']} distinct (example, output)",
+            f"hand-written LiteLLM metric: {h['judge_requests']} requests for {h['metric_calls']} metric calls; "
+            f"{h['distinct_pairs']} distinct",
+            f"{saved}: {s['adapter_memo_hits']} answered by the adapter's memo (GEPA's repeat call), "
+            f"{s['judge_cache_hits']} by the judge cache; {s['duplicate_judge_requests']} duplicates vs "
+            f"{h['duplicate_judge_requests']}; both runs: validation {_score(s)} → {_score(s, 'best')}, "
+            f"{s['candidates']} candidates" + ("" if _same_run(s, h) else " (the runs differ: see the JSON)"),
+            f"one per distinct (example, output): {_met(j['target_met'])}",
+        ))
+    if "threads" in doc:
+        t = doc["threads"]
+
+        def scaling(runs: list[dict[str, Any]]) -> str:
+            return " / ".join(f"{r['speedup']:.1f}×" for r in runs)
+
+        counts = "/".join(str(r["threads"]) for r in t["skynet"])
+        out.append((
+            f"3. `dspy.Evaluate`, {t['examples']} examples, judge answers in {t['delay_s'] * 1000:g} ms "
+            f"({counts} threads{', best of ' + str(t['repeats']) if t.get('repeats', 1) > 1 else ''})",
+            f"{scaling(t['skynet'])} (1 thread: {t['skynet'][0]['examples_per_s']:.1f} examples/s)",
+            f"hand-written LiteLLM metric: {scaling(t['hand_written'])} "
+            f"(1 thread: {t['hand_written'][0]['examples_per_s']:.1f}/s)",
+            f"{t['skynet_speedup_at_8']:.1f}× at 8 threads vs {_at(t['hand_written'], 8):.1f}×"
+            if t["skynet_speedup_at_8"] is not None else "8 threads not run",
+            f"≥ {t['target_speedup_at_8']:g}× at 8 threads: {_met(t['target_met'])}",
+        ))
+    if "memory" in doc:
+        m = doc["memory"]
+        adapter, bare = m["adapter"]["readings"][1:], m["baseline"]["readings"][1:]
+        marks = " → ".join(f"{r['rss_mb']:.1f}" for r in adapter)
+        bare_marks = " → ".join(f"{r['rss_mb']:.1f}" for r in bare)
+        calls = "/".join(_count(r["calls"]) for r in adapter)
+        out.append((
+            f"4. Memory, {m['calls']:,} calls on distinct predictions",
+            f"RSS {marks} MB at {calls} calls; peak {adapter[-1]['peak_mb']:.1f} MB "
+            f"({m['adapter']['seconds']:.0f} s)",
+            f"bare `score()`: RSS {bare_marks} MB; "
+            f"peak {bare[-1]['peak_mb']:.1f} MB",
+            f"{m['adapter_growth_mb']:+.1f} MB from {_count(adapter[0]['calls'])} to {_count(adapter[-1]['calls'])} "
+            f"calls; peak {m['over_baseline_mb']:+.1f} MB over the baseline",
+            f"flat (bounded memo): {_met(m['target_met'])}",
+        ))
+    return out
+
+
+def _score(run: dict[str, Any], which: str = "baseline") -> str:
+    value = run.get(f"{which}_val_score")
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _same_run(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    keys = ("metric_calls", "distinct_pairs", "candidates", "baseline_val_score", "best_val_score")
+    return all(mine.get(key) == theirs.get(key) for key in keys)
+
+
+def _at(runs: list[dict[str, Any]], threads: int) -> float:
+    return next((r["speedup"] for r in runs if r["threads"] == threads), float("nan"))
+
+
+def _count(calls: int) -> str:
+    if calls >= 1_000_000 and calls % 1_000_000 == 0:
+        return f"{calls // 1_000_000}M"
+    if calls >= 1000 and calls % 1000 == 0:
+        return f"{calls // 1000}k"
+    return str(calls)
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The markdown table of the four benchmarks, with the machine it ran on."""
+    from benchmarks import machine
+
+    head = ("benchmark", "skynet-dspy", "baseline", "difference", "target")
+    lines = [
+        f"Machine: {machine.caption(doc['machine'])}. Run {doc['when']}"
+        + (f", commit {doc['machine']['commit']}" if doc["machine"].get("commit") else "") + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(doc)]
+    if "threads" in doc:
+        t = doc["threads"]
+        lines += ["", "| threads | skynet-dspy examples/s | speedup | CPU ms/example | hand-written examples/s | "
+                      "speedup | CPU ms/example |", "|---|---|---|---|---|---|---|"]
+        for mine, theirs in zip(t["skynet"], t["hand_written"], strict=True):
+            lines.append(f"| {mine['threads']} | {mine['examples_per_s']:.1f} | {mine['speedup']:.1f}× | "
+                         f"{mine['cpu_ms_per_example']:.1f} | {theirs['examples_per_s']:.1f} | "
+                         f"{theirs['speedup']:.1f}× | {theirs['cpu_ms_per_example']:.1f} |")
+    for where in ("main_thread", "worker_thread"):
+        found = doc.get("overhead", {}).get(where, {}).get("profile")
+        if found:
+            lines += ["", "Where the adapter's time goes (cProfile, own time per call, by module):", ""]
+            lines += [f"    {line}" for line in found["by_module_text"].splitlines()]
+    return "\n".join(lines)
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def _threads(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"threads must be whole numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"threads must be at least 1, got {text!r}")
+    return values
+
+
+def _only(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--only takes benchmark numbers 1-4, comma-separated, got {text!r}") from None
+    if not values or not set(values) <= set(ALL):
+        raise argparse.ArgumentTypeError(f"--only takes benchmark numbers 1-4, got {text!r}")
+    return values
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds), e.g. for the test suite")
+    parser.add_argument("--only", type=_only, default=ALL, help="benchmarks to run, e.g. 1,4 (default: all)")
+    parser.add_argument("--calls", type=_positive(int), help="1: adapter calls timed (default 100,000)")
+    parser.add_argument("--gepa-budget", type=_positive(int), help="2: GEPA's max_metric_calls (default 120)")
+    parser.add_argument("--examples", type=_positive(int), help="3: examples per thread count (default 200)")
+    parser.add_argument("--delay", type=_positive(float), help="3: the judge's answer delay in seconds (0.05)")
+    parser.add_argument("--threads", type=_threads, help="3: thread counts (default 1,2,4,8,16)")
+    parser.add_argument("--repeats", type=_positive(int), help="3: runs per point, the fastest counts (default 2)")
+    parser.add_argument("--memory-calls", type=_positive(int), help="4: adapter calls (default 1,000,000)")
+    parser.add_argument("--profile", type=int, default=20_000, metavar="N",
+                        help="1: when the overhead target is missed, profile N adapter calls (0: never)")
+    parser.add_argument("--out", type=Path, help=f"where to write the JSON (default {LATEST}; --quick: nowhere)")
+    args = parser.parse_args(argv)
+
+    sizes = QUICK if args.quick else Sizes()
+    overrides = {"calls": args.calls, "gepa_budget": args.gepa_budget, "examples": args.examples,
+                 "delay": args.delay, "threads": args.threads, "repeats": args.repeats,
+                 "memory_calls": args.memory_calls}
+    sizes = Sizes(**{**asdict(sizes), **{key: value for key, value in overrides.items() if value is not None}})
+    doc = run(sizes, args.only, profile_calls=max(0, args.profile) if not args.quick else min(args.profile, 2000))
+    print(table(doc))
+    out = args.out if args.out is not None else (None if args.quick else LATEST)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"\nWrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

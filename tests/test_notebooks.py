@@ -55,6 +55,9 @@ def test_quickstart_runs_top_to_bottom(monkeypatch):
     before, after = _percent(compare)
     assert after > before
     assert "ms per ticket" in _outputs(notebook, "measured")
+    plain = next(line for line in _outputs(notebook, "plain-gepa").splitlines() if line.startswith("seed template"))
+    seed_score, best_score = (float(part.rstrip(",")) for part in plain.split() if part[0].isdigit())
+    assert best_score > seed_score  # the same metric.py drives plain GEPA to a better template
 
 
 def test_writing_metrics_runs_the_four_examples(monkeypatch):

@@ -7,6 +7,7 @@ The hot path of a call is: memo lookup → translate the Example/Prediction (_tr
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from ._contract import (
     cut_feedback,
     validate_return,
 )
-from ._loading import LoadedMetric
+from ._loading import LoadedMetric, load
 from ._models import Models
 
 logger = logging.getLogger("skynet_dspy")
@@ -177,7 +178,7 @@ class Metric:
         self.loaded = loaded
         self.timeout = check_timeout(timeout)
         failure = None if isinstance(failure_score, bool) else as_number(failure_score)
-        if failure is None or failure != failure or failure in (float("inf"), float("-inf")):
+        if failure is None or not math.isfinite(failure):
             raise ValueError(f"failure_score must be a finite number, got {failure_score!r}; the default is 0.0")
         self.failure_score = failure
         if isinstance(output_fields, str):
@@ -309,18 +310,16 @@ class Metric:
             self._counts["calls"] += 1
         if outcome == _runner.DONE:
             raw = _fast_raw(value, self.feedback_limit)
-            if raw is None:
-                try:
-                    raw = _raw_of(validate_return(value, feedback_limit=self.feedback_limit))
-                except ContractViolation as exc:
-                    # The rule only: the offending value may hold expected values, and feedback reaches the optimizer.
-                    return self._failed(
-                        INVALID, f"The metric's return value broke the contract: {exc.rule}.", detail=str(exc)
-                    )
-            redacted = _secrets.redact(raw[1])
-            if redacted is not raw[1]:
-                raw = (raw[0], redacted, raw[2], raw[3], raw[4])
-            return raw
+            if raw is not None:
+                redacted = _secrets.redact(raw[1])  # validate_return redacts; the fast path must too
+                return raw if redacted is raw[1] else (raw[0], redacted, None, {}, None)
+            try:
+                return _raw_of(validate_return(value, feedback_limit=self.feedback_limit))
+            except ContractViolation as exc:
+                # The rule only: the offending value may hold expected values, and feedback reaches the optimizer.
+                return self._failed(
+                    INVALID, f"The metric's return value broke the contract: {exc.rule}.", detail=str(exc)
+                )
         if outcome == _runner.RAISED:
             return self._failed(EXCEPTION, f"The metric raised {_describe(value)}")
         if outcome == _runner.TIMED_OUT:
@@ -405,8 +404,6 @@ def load_metric(source: Any, **options: Any) -> Metric:
     prediction's output columns), to_output (prediction -> output), metric_lm and
     reflection_lm (for llm()), feedback_limit (20,000 characters), memo_size (4096).
     """
-    from ._loading import load
-
     if isinstance(source, Metric):
         if options:
             raise TypeError("load_metric() got a Metric already; pass the metric file or function to set options")

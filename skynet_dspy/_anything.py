@@ -7,23 +7,23 @@ reflection model see: the feedback text and the named "scores" (GEPA's objective
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import inspect
-import itertools
 import json
 import logging
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dspy.primitives.example import Example
 from gepa.lm import LM as GepaLM
 
-from . import _measure, _secrets, _translate
-from ._adapter import DEFAULT_MEMO_SIZE, Metric, _describe, load_metric
+from . import _loading, _measure, _secrets, _translate
+from ._adapter import Metric, _describe, load_metric
 from ._contract import OVERLOADED, Result, cut_feedback, shorten
+from ._models import is_lm, split_model
 
 if TYPE_CHECKING:
     from gepa.core.result import GEPAResult
@@ -43,7 +43,6 @@ _REFUSED = {
     "dataset": "pass the examples as trainset=",
     "config": "pass GEPA settings as keyword arguments (max_metric_calls=..., frontier_type=..., ...)",
 }
-_run_numbers = itertools.count(1)
 
 
 # -- examples -----------------------------------------------------------------------------
@@ -87,8 +86,8 @@ def _column_names(names: Sequence[str] | str, role: str) -> list[str]:
 
 def as_example(item: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(input, expected) of one example: a split dict {"input", "expected"} or a dspy.Example."""
-    if hasattr(item, "inputs") and hasattr(item, "labels") and hasattr(item, "_store"):
-        return _translate.example_input(item), _translate.example_expected(item)
+    if isinstance(item, Example):
+        return _translate.split_example(item)
     if isinstance(item, Mapping):
         if "input" not in item:
             raise ValueError(
@@ -152,26 +151,13 @@ def load_run(source: Any) -> Callable[[Any, Any], Any]:
 
 
 def _load_run_file(path: Path) -> Callable[..., Any]:
+    """`run` from run.py, loaded as metric files are (a fresh module; modules beside it importable)."""
     if not path.is_file():
         raise FileNotFoundError(f"run file not found: {path}")
-    module_name = f"skynet_run_{next(_run_numbers)}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} cannot be loaded as a Python file; name it run.py")
-    module = importlib.util.module_from_spec(spec)
-    folder = str(path.resolve().parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)  # so run.py can import modules beside it
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        sys.modules.pop(module_name, None)
-        raise ImportError(f"{path}: importing the file raised {_describe(exc)}; fix its module-level code") from None
-    finally:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
+        module = _loading._load_file(path)
+    except _loading.MetricLoadError as exc:
+        raise ImportError(str(exc)) from None
     run = getattr(module, "run", None)
     if not callable(run):
         raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
@@ -191,7 +177,7 @@ class Evaluator:
     def __init__(self, run: Callable[[Any, Any], Any], metric: Metric):
         self.run = run
         self.metric = metric
-        self._memo_size = getattr(metric, "_memo_size", DEFAULT_MEMO_SIZE)
+        self._memo_size = metric._memo_size
         self._memo: OrderedDict[tuple[Any, str], Result] = OrderedDict()
         self._lock = threading.Lock()
         self._warned = False
@@ -303,22 +289,12 @@ def make_evaluator(
                 "skynet_dspy.load_metric(...) or pass the metric file instead"
             )
         return Evaluator(run_fn, metric)
-    models = {"metric_lm": metric_lm, "reflection_lm": _for_models(reflection_lm)}
-    return Evaluator(run_fn, load_metric(metric, **models, **metric_options))
+    # llm() can call a string, a dict or a dspy.LM; a bare callable reflection model is GEPA's alone
+    judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
+    return Evaluator(run_fn, load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options))
 
 
 # -- models -------------------------------------------------------------------------------
-
-
-def _for_models(model: Any) -> Any:
-    """A model as llm() routing takes it (a string, a dict or a dspy.LM); a bare callable is not one."""
-    if model is None or isinstance(model, (str, Mapping)) or _is_dspy_lm(model):
-        return model
-    return None
-
-
-def _is_dspy_lm(model: Any) -> bool:
-    return isinstance(getattr(model, "model", None), str) and isinstance(getattr(model, "kwargs", None), Mapping)
 
 
 class _LiteLLMReflectionLM(GepaLM):
@@ -355,16 +331,12 @@ def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
     A string or dict goes through gepa.lm.LM (LiteLLM, with retries); a dict's keys are LiteLLM
     settings (model, api_base, api_key, temperature, ...). `overrides` are further settings.
     """
-    if isinstance(model, str):
-        return _LiteLLMReflectionLM(model, **overrides)
-    if isinstance(model, Mapping):
-        settings = {**model, **overrides}
-        name = settings.pop("model", None)
-        if not isinstance(name, str) or not name:
-            raise ValueError("reflection_lm as a dict needs 'model', e.g. {'model': 'openai/gpt-4o-mini', ...}")
+    if isinstance(model, (str, Mapping)):
+        name, settings = split_model(model, "reflection_lm")
+        settings.update(overrides)
         _secrets.register(settings.get("api_key"))
         return _LiteLLMReflectionLM(name, **settings)
-    if _is_dspy_lm(model) and callable(model):
+    if is_lm(model) and callable(model):
         _secrets.register(model.kwargs.get("api_key"))
         return _DspyReflectionLM(model, **overrides)
     if callable(model):
@@ -468,8 +440,6 @@ def optimize_anything(
 
 def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Sort optimize_anything()'s keyword arguments into load_metric options and GEPA's config groups."""
-    import dataclasses
-
     from gepa import optimize_anything as oa
 
     fields = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import html
@@ -12,7 +13,7 @@ import textwrap
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from ._contract import (
     DEFAULT_TIMEOUT,
     EXCEPTION,
     INVALID,
+    MAX_TIMEOUT,
     MISSING_FIELD,
     OVERLOADED,
     TIMEOUT,
@@ -292,7 +294,7 @@ def check_contract(source: Any, examples: Iterable[Any], **options: Any) -> Cont
     expected values serve as the output. Options are load_metric's (timeout=60 s, at most 600).
     Problems with the metric are reported, never raised; bad arguments raise ValueError/TypeError.
     """
-    from ._adapter import Metric, load_metric
+    from ._adapter import Metric, load_metric, logger
 
     given_metric = isinstance(source, Metric)
     if given_metric and options:
@@ -309,16 +311,16 @@ def check_contract(source: Any, examples: Iterable[Any], **options: Any) -> Cont
         _add_load_failure(report, exc)
         return report
 
-    report.items.append(CheckItem("Metric loads", PASSED, f"loaded {report.metric}"))
-    arity = "score(input, output, expected)" if metric.loaded.takes_expected else "score(input, output)"
-    report.items.append(CheckItem("Metric signature", PASSED, f"called as {arity}"))
-    if metric.loaded.reward_spec is not None:
-        report.items.append(CheckItem("Reward spec", PASSED, "REWARD_SPEC is valid"))
     loaded = metric.loaded
+    report.items.append(CheckItem("Metric loads", PASSED, f"loaded {report.metric}"))
+    arity = "score(input, output, expected)" if loaded.takes_expected else "score(input, output)"
+    report.items.append(CheckItem("Metric signature", PASSED, f"called as {arity}"))
+    if loaded.reward_spec is not None:
+        report.items.append(CheckItem("Reward spec", PASSED, "REWARD_SPEC is valid"))
     files = {_code_file(loaded.score), getattr(loaded.module, "__file__", None)} - {None}
     metric.loaded = dataclasses.replace(loaded, score=_traced(loaded.score, files))
     try:
-        with _adapter_warnings_silenced():
+        with _adapter_warnings_silenced(logger):
             _run_calls(metric, cases, report)
     finally:
         if given_metric:
@@ -334,8 +336,7 @@ def _source_name(source: Any) -> str:
 
 
 def _add_load_failure(report: ContractReport, exc: BaseException) -> None:
-    failed_at = getattr(exc, "item", "Metric loads")
-    failed_at = failed_at if failed_at in ITEMS else "Metric loads"
+    failed_at = getattr(exc, "item", "Metric loads")  # MetricLoadError and RewardSpecError name theirs
     reached = False
     for name in ITEMS:
         if name == failed_at:
@@ -391,16 +392,19 @@ def _raised_in(exc: BaseException, files: set[str]) -> str | None:
     return f"{name}, line {found.lineno}" + (f": `{_clip(code, 100)}`" if code else "")
 
 
-class _adapter_warnings_silenced:
+@contextlib.contextmanager
+def _adapter_warnings_silenced(logger: logging.Logger) -> Iterator[None]:
     """Hold back the adapter's "metric failed, the run goes on" log lines: the report says it better."""
+    thread = threading.get_ident()
 
-    def __enter__(self) -> None:
-        thread = threading.get_ident()
-        self._filter = lambda record: record.thread != thread
-        logging.getLogger("skynet_dspy").addFilter(self._filter)
+    def from_other_threads(record: logging.LogRecord) -> bool:
+        return record.thread != thread
 
-    def __exit__(self, *exc: Any) -> None:
-        logging.getLogger("skynet_dspy").removeFilter(self._filter)
+    logger.addFilter(from_other_threads)
+    try:
+        yield
+    finally:
+        logger.removeFilter(from_other_threads)
 
 
 def _call(metric: Any, number: int, role: str, case: _Case, output: Any, source_case: int | None = None) -> Call:
@@ -447,9 +451,11 @@ def _run_calls(metric: Any, cases: list[_Case], report: ContractReport) -> None:
 
 def _contrast(perfects: list[Any], index: int, cases: list[_Case]) -> int | None:
     """The index of another case whose expected values differ from this case's, to score as a wrong output."""
+    if not cases[index].expected:
+        return None
     for offset in range(1, len(cases)):
         other = (index + offset) % len(cases)
-        if cases[other].expected and cases[index].expected:
+        if cases[other].expected:
             try:
                 if perfects[other] != perfects[index]:
                     return other
@@ -473,13 +479,16 @@ def _items(calls: list[Call], cases: list[_Case], timeout: float, output_fields:
 def _return_value_item(calls: list[Call]) -> CheckItem:
     name = "Metric return value"
     given_cases = {call.case for call in calls if call.role == GIVEN}
-    # A bad shape always breaks the contract; an exception only on the output the case gave (or, giving
-    # none, chose: its expected values). score may reasonably reject the probes the check adds.
+
+    def case_output(call: Call) -> bool:
+        """The output the case gave or, giving none, chose: its expected values (not a probe the check added)."""
+        return call.role == GIVEN or (call.role == PERFECT and call.case not in given_cases)
+
+    # A bad shape always breaks the contract; an exception only on the case's own output, since
+    # score may reasonably reject the probes the check adds.
     broken = [
         call for call in calls
-        if call.result.failure in (INVALID, MISSING_FIELD)
-        or (call.result.failure == EXCEPTION and (call.role == GIVEN or (call.role == PERFECT
-                                                                           and call.case not in given_cases)))
+        if call.result.failure in (INVALID, MISSING_FIELD) or (call.result.failure == EXCEPTION and case_output(call))
     ]
     if broken:
         first = broken[0]
@@ -517,7 +526,7 @@ def _timeout_item(calls: list[Call], timeout: float) -> CheckItem:
         if call.result.failure == TIMEOUT:
             message = (
                 f"{call.label}: score did not return within {timeout:g} s; the call was abandoned and the "
-                f"remaining calls were not run. Make score faster, or raise the timeout (at most 600 s)"
+                f"remaining calls were not run. Make score faster, or raise the timeout (at most {MAX_TIMEOUT:g} s)"
             )
         else:
             message = f"{call.label}: {call.result.feedback}"
@@ -592,15 +601,14 @@ def _perfect_item(calls: list[Call], cases: list[_Case], output_fields: Any = No
     lowest = min(call.result.score for call in perfect)
     if others and all(call.role == CONTRAST for call in others):
         # Only probes to compare with: a tie on every case means score cannot tell right from wrong.
-        score_of = {(call.case, call.role): call.result.score for call in valid}
-        pairs = [(score_of[(case, PERFECT)], score) for (case, role), score in score_of.items()
-                 if role == CONTRAST and (case, PERFECT) in score_of]
-        if pairs and all(right <= wrong for right, wrong in pairs):
-            first = next(call for call in others if (call.case, PERFECT) in score_of)
+        right_of = {call.case: call.result.score for call in perfect}
+        pairs = [(right_of[call.case], call) for call in others if call.case in right_of]
+        if pairs and all(right <= call.result.score for right, call in pairs):
+            right, first = pairs[0]
             return CheckItem(
                 name, WARNING,
                 f"on every case the expected values as output score no higher than another case's expected values "
-                f"(case {first.case}: {score_of[(first.case, PERFECT)]:.4g} vs {first.result.score:.4g}): score does "
+                f"(case {first.case}: {right:.4g} vs {first.result.score:.4g}): score does "
                 "not seem to tell a right output from a wrong one. If it judges only the output's form, ignore this"
                 f"{_shape_hint(cases[first.case - 1], output_fields)}",
             )

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
+
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
@@ -52,13 +54,11 @@ def _read_cases(path: Path) -> list[dict[str, Any]]:
 
 
 def _timeout(text: str) -> float:
-    from ._contract import check_timeout
-
     try:
         return check_timeout(float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds in (0, 600]; the default is 60"
+            f"{text!r} is not a number of seconds in (0, {MAX_TIMEOUT:g}]; the default is {DEFAULT_TIMEOUT:g}"
         ) from None
 
 
@@ -90,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
         "the expected values are scored as the output",
     )
     check.add_argument(
-        "--timeout", type=_timeout, default=60.0, metavar="S",
-        help="seconds each call of score may take (0 < S <= 600; default 60)",
+        "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
+        help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
     )
     check.add_argument(
         "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",

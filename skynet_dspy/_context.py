@@ -39,6 +39,7 @@ def current(helper: str) -> MetricCall:
 
 
 def current_or_none() -> MetricCall | None:
+    """The metric call in progress, or None outside one."""
     return _current.get()
 
 

@@ -137,12 +137,11 @@ def _not_a_pair(value: Any) -> ContractViolation:
             value,
         )
     if inspect.isgenerator(value) or inspect.iscoroutine(value):
-        async_def = inspect.iscoroutine(value)
         try:
             value.close()  # never run to the end: closing it spares the user a "never awaited" warning
         except Exception:
             pass
-        if async_def:
+        if inspect.iscoroutine(value):
             return ContractViolation(
                 f"the return value is a coroutine, not a pair {_PAIR}: define score with `def`, not `async def`",
                 value,

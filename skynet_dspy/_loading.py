@@ -230,13 +230,14 @@ def _identifier(stem: str) -> str:
 
 def _syntax_message(path: Path, exc: SyntaxError) -> str:
     where = f", line {exc.lineno}" if exc.lineno else ""
-    text = (exc.text or "").strip("\n")
-    shown = f": `{text.strip()}`" if text.strip() else ""
+    text = (exc.text or "").strip()
+    shown = f": `{text}`" if text else ""
     return f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
 
 
 def _import_message(path: Path, exc: BaseException) -> str:
-    line = _line_in(path, exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = _line_in(path, frames)
     where = f", line {line}" if line else ""
     code = linecache.getline(str(path), line).strip() if line else ""
     shown = f" (`{code}`)" if code else ""
@@ -247,9 +248,8 @@ def _import_message(path: Path, exc: BaseException) -> str:
     else:
         message = str(exc)
         what = f"raised {type(exc).__name__}" + (f": {message}" if message else "")
-        origin = _origin(path, exc)
-        if origin:
-            what += f" (in {origin})"
+        if line and _outside(path, frames[-1].filename):  # raised in, say, a helper module beside the file
+            what += f" (in {frames[-1].filename}, line {frames[-1].lineno})"
     hint = "Fix the module-level code so the file imports cleanly."
     if isinstance(exc, ModuleNotFoundError):
         hint = f"Install the missing package into this Python environment ({sys.executable})."
@@ -258,23 +258,17 @@ def _import_message(path: Path, exc: BaseException) -> str:
     return f"{path}{where}{shown}: importing the file {what}. {hint}"
 
 
-def _origin(path: Path, exc: BaseException) -> str | None:
-    """Where, outside the metric file, an exception at import came from: a helper module beside it, say."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or _line_in(path, exc) is None:
-        return None
-    last = frames[-1]
-    if last.filename == str(path) or last.filename.startswith("<") or "importlib" in last.filename:
-        return None
-    return f"{last.filename}, line {last.lineno}"
+def _outside(path: Path, filename: str) -> bool:
+    """True for a user's file other than the metric file (not <frozen ...> or importlib's own)."""
+    return filename != str(path) and not filename.startswith("<") and "importlib" not in filename
 
 
-def _line_in(path: Path, exc: BaseException) -> int | None:
-    """The last line of `path` in the traceback of `exc`, if the file appears there."""
+def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
+    """The last line of `path` in a traceback's frames, if the file appears there."""
     wanted = str(path)
     resolved = path.resolve()
     line = None
-    for frame in traceback.extract_tb(exc.__traceback__):
+    for frame in frames:
         if frame.filename == wanted or (frame.filename and Path(frame.filename).resolve() == resolved):
             line = frame.lineno
     return line

@@ -1,17 +1,10 @@
 """Measurement of the program's own run on each example: wall time and model usage (SPEC §5).
 
-How it works, with no change to the user's program:
-- a DSPy callback, added once to DSPy's global callbacks, times the outermost module call of
-  each run (per thread and async task: the run in progress lives in a contextvar; threads
-  that dspy.Parallel starts inside a run join it through DSPy's active call id);
-- a hook on DSPy's LM execution (any engine: DSPy's native one or LiteLLM) and wrappers on
-  LiteLLM's entry points (for code that calls LiteLLM itself) add each model call's tokens
-  and USD cost to the run in progress; cache hits make no call and cost nothing;
-- the finished run is filed under the object the program returned (held by identity, so a
-  reused id never finds another run's figures), where the metric call that follows finds it.
-
-Model calls made while a metric is being scored (the judge), or under `not_measured()`, are
-never counted as the program's.
+With no change to the user's program: a DSPy callback times each run's outermost module call,
+hooks on DSPy's LM execution and on LiteLLM's entry points add each model call's tokens and cost
+to the run in progress, and the finished run is filed under the prediction it returned, where the
+metric call that follows finds it. The judge's calls (while a metric is scored, or under
+`not_measured()`) are never counted as the program's.
 """
 
 from __future__ import annotations
@@ -248,7 +241,10 @@ def _make_callback() -> Any:
     from dspy.utils.callback_context import ACTIVE_CALL_ID
 
     class MeasureRuns(BaseCallback):
-        """Times each program's outermost module call and files its figures under what it returned."""
+        """Times each program's outermost module call and files its figures under what it returned.
+
+        Threads DSPy starts inside a run (dspy.Parallel) join it through DSPy's active call id.
+        """
 
         def __init__(self) -> None:
             self._open: dict[str, tuple[_Run, Any, bool]] = {}
@@ -298,13 +294,19 @@ def _ensure_callback() -> None:
     """Keep the callback in DSPy's global callbacks, appended in place (no dspy.configure needed)."""
     # the module, not the Settings object that `dspy.dsp.utils.settings` also names
     config = sys.modules["dspy.dsp.utils.settings"].main_thread_config
+    if _has_callback(config.get("callbacks")):  # the usual case, checked without the lock
+        return
     with _install_lock:
         callbacks = config.get("callbacks")
         if isinstance(callbacks, list):
-            if not any(existing is _callback for existing in callbacks):
+            if not _has_callback(callbacks):
                 callbacks.append(_callback)
         else:
             config["callbacks"] = [*(callbacks or ()), _callback]
+
+
+def _has_callback(callbacks: Any) -> bool:
+    return isinstance(callbacks, list) and any(existing is _callback for existing in callbacks)
 
 
 def install() -> None:
@@ -349,15 +351,31 @@ def _no_price(model: Any, detail: Any = None) -> str:
     return reason
 
 
-def _count_dspy_result(run: _Run, lm: Any, result: Any) -> None:
-    """Add one DSPy LM execution (a CallResult) to the run."""
+def response_usage(response: Any) -> tuple[int, int, float | None]:
+    """(prompt tokens, completion tokens, USD cost or None when unpriced) of one LiteLLM response."""
+    usage = getattr(response, "usage", None)
+    hidden = getattr(response, "_hidden_params", None)
+    cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
+    try:
+        cost = None if cost is None else float(cost)
+    except (TypeError, ValueError):
+        cost = None
+    return (
+        _count(_field(usage, "prompt_tokens", "input_tokens")),
+        _count(_field(usage, "completion_tokens", "output_tokens")),
+        cost,
+    )
+
+
+def _count_dspy_result(run: _Run, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Add one DSPy LM execution, execute(lm, call) -> CallResult, to the run."""
     if getattr(result, "cache_hit", False):
         return
     usage = getattr(result, "usage", None) or {}
     cost = getattr(result, "cost", None)
     details = getattr(result, "cost_details", None)
     detail = details.get("reason") if isinstance(details, dict) else None
-    model = getattr(lm, "model", None) or getattr(result, "response_model", None)
+    model = getattr(args[0], "model", None) or getattr(result, "response_model", None)
     run.add(
         max(1, len(getattr(result, "responses", None) or ())),
         _count(_field(usage, "prompt_tokens", "input_tokens")),
@@ -367,21 +385,61 @@ def _count_dspy_result(run: _Run, lm: Any, result: Any) -> None:
     )
 
 
-def _count_litellm_response(run: _Run, response: Any, model: Any) -> None:
+def _count_litellm_response(run: _Run, response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Add one LiteLLM response to the run."""
-    usage = getattr(response, "usage", None)
-    if usage is None:  # a stream, or an unknown shape: the call happened, its usage is not known here
+    model = kwargs.get("model") or (args[0] if args and isinstance(args[0], str) else None)
+    if getattr(response, "usage", None) is None:  # a stream, or an unknown shape: its usage is not known here
         run.add(1, 0, 0, None, f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)")
         return
-    hidden = getattr(response, "_hidden_params", None) or {}
-    cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
-    run.add(
-        1,
-        _count(_field(usage, "prompt_tokens", "input_tokens")),
-        _count(_field(usage, "completion_tokens", "output_tokens")),
-        None if cost is None else float(cost),
-        None if cost is not None else _no_price(getattr(response, "model", None) or model),
-    )
+    prompt, completion, cost = response_usage(response)
+    unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
+    run.add(1, prompt, completion, cost, unpriced)
+
+
+_Count = Callable[[_Run, Any, tuple[Any, ...], dict[str, Any]], None]
+
+
+def _counted(original: Callable[..., Any], count: _Count, asynchronous: bool) -> Callable[..., Any]:
+    """`original` wrapped so that a call made in a run is counted once (the calls it makes underneath are not)."""
+    if asynchronous:
+
+        @functools.wraps(original)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            run = _active_run()
+            if run is None:
+                return await original(*args, **kwargs)
+            token = _counting.set(True)
+            try:
+                result = await original(*args, **kwargs)
+            finally:
+                _counting.reset(token)
+            count(run, result, args, kwargs)
+            return result
+
+    else:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            run = _active_run()
+            if run is None:
+                return original(*args, **kwargs)
+            token = _counting.set(True)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                _counting.reset(token)
+            count(run, result, args, kwargs)
+            return result
+
+    wrapper._skynet_measured = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap(module: Any, names: tuple[str, ...], count: _Count, asynchronous: bool) -> None:
+    for name in names:
+        original = getattr(module, name, None)
+        if callable(original) and not getattr(original, "_skynet_measured", False):
+            setattr(module, name, _counted(original, count, asynchronous))
 
 
 def _hook_dspy_execution() -> None:
@@ -394,96 +452,14 @@ def _hook_dspy_execution() -> None:
         from dspy.clients import execution
     except ImportError:  # another DSPy layout: LiteLLM's wrappers still count calls made through it
         return
-    original = getattr(execution, "execute", None)
-    if callable(original) and not getattr(original, "_skynet_measured", False):
-
-        def execute(lm: Any, call: Any) -> Any:
-            run = _active_run()
-            if run is None:
-                return original(lm, call)
-            token = _counting.set(True)
-            try:
-                result = original(lm, call)
-            finally:
-                _counting.reset(token)
-            _count_dspy_result(run, lm, result)
-            return result
-
-        execute._skynet_measured = True  # type: ignore[attr-defined]
-        execute.__wrapped__ = original  # type: ignore[attr-defined]
-        execution.execute = execute
-
-    original_async = getattr(execution, "aexecute", None)
-    if callable(original_async) and not getattr(original_async, "_skynet_measured", False):
-
-        async def aexecute(lm: Any, call: Any) -> Any:
-            run = _active_run()
-            if run is None:
-                return await original_async(lm, call)
-            token = _counting.set(True)
-            try:
-                result = await original_async(lm, call)
-            finally:
-                _counting.reset(token)
-            _count_dspy_result(run, lm, result)
-            return result
-
-        aexecute._skynet_measured = True  # type: ignore[attr-defined]
-        aexecute.__wrapped__ = original_async  # type: ignore[attr-defined]
-        execution.aexecute = aexecute
-
-
-_LITELLM_SYNC = ("completion", "text_completion", "responses")
-_LITELLM_ASYNC = ("acompletion", "atext_completion", "aresponses")
-
-
-def _model_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return kwargs.get("model") or (args[0] if args and isinstance(args[0], str) else None)
+    _wrap(execution, ("execute",), _count_dspy_result, asynchronous=False)
+    _wrap(execution, ("aexecute",), _count_dspy_result, asynchronous=True)
 
 
 def _wrap_litellm(module: Any) -> None:
     """Replace LiteLLM's entry points with transparent wrappers that count calls made in a run."""
-    for name in (*_LITELLM_SYNC, *_LITELLM_ASYNC):
-        original = getattr(module, name, None)
-        if callable(original) and not getattr(original, "_skynet_measured", False):
-            wrap = _counted_async if name in _LITELLM_ASYNC else _counted
-            setattr(module, name, wrap(original))
-
-
-def _counted(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run = _active_run()
-        if run is None:
-            return original(*args, **kwargs)
-        token = _counting.set(True)
-        try:
-            response = original(*args, **kwargs)
-        finally:
-            _counting.reset(token)
-        _count_litellm_response(run, response, _model_of(args, kwargs))
-        return response
-
-    wrapper._skynet_measured = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _counted_async(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run = _active_run()
-        if run is None:
-            return await original(*args, **kwargs)
-        token = _counting.set(True)
-        try:
-            response = await original(*args, **kwargs)
-        finally:
-            _counting.reset(token)
-        _count_litellm_response(run, response, _model_of(args, kwargs))
-        return response
-
-    wrapper._skynet_measured = True  # type: ignore[attr-defined]
-    return wrapper
+    _wrap(module, ("completion", "text_completion", "responses"), _count_litellm_response, asynchronous=False)
+    _wrap(module, ("acompletion", "atext_completion", "aresponses"), _count_litellm_response, asynchronous=True)
 
 
 class _LiteLLMImportHook:

@@ -7,7 +7,6 @@ imported on the first call only, so `import skynet_dspy` stays fast.
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import hashlib
 import json
@@ -25,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from . import _secrets
+from . import _measure, _secrets
 
 logger = logging.getLogger("skynet_dspy")
 
@@ -108,43 +107,58 @@ class _Endpoint:
         return repr(self.describe())
 
 
+def split_model(spec: str | Mapping[str, Any], role: str) -> tuple[str, dict[str, Any]]:
+    """(model, settings) of a model given as a LiteLLM string or a settings dict; base_url is read as api_base."""
+    if isinstance(spec, str):
+        if not spec.strip():
+            raise ValueError(f"{role} is an empty string; give a LiteLLM model such as 'openai/gpt-4o-mini'")
+        return spec.strip(), {}
+    settings = dict(spec)
+    model = settings.pop("model", None)
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(
+            f"{role} as a dict needs a 'model' string, e.g. {{'model': 'openai/gpt-4o-mini', "
+            f"'api_base': ..., 'api_key': ...}}; got keys {sorted(map(str, spec))}"
+        )
+    return model.strip(), _with_api_base(settings)
+
+
+def is_lm(spec: Any) -> bool:
+    """Whether `spec` is a dspy.LM, or anything shaped like one (a `model` string and a `kwargs` mapping)."""
+    return isinstance(getattr(spec, "model", None), str) and isinstance(getattr(spec, "kwargs", None), Mapping)
+
+
 def _endpoint(spec: Any, role: str) -> _Endpoint | None:
     """Normalise a model given as a LiteLLM string, a settings dict or a dspy.LM; None stays None."""
     if spec is None:
         return None
     if isinstance(spec, _Endpoint):
         return _Endpoint(spec.model, spec.settings, role)
-    if isinstance(spec, str):
-        if not spec.strip():
-            raise ValueError(f"{role} is an empty string; give a LiteLLM model such as 'openai/gpt-4o-mini'")
-        return _Endpoint(spec.strip(), {}, role)
-    if isinstance(spec, Mapping):
-        settings = dict(spec)
-        model = settings.pop("model", None)
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(
-                f"{role} as a dict needs a 'model' string, e.g. {{'model': 'openai/gpt-4o-mini', "
-                f"'api_base': ..., 'api_key': ...}}; got keys {sorted(map(str, spec))}"
-            )
-        return _Endpoint(model.strip(), _clean_settings(settings), role)
-    model, kwargs = getattr(spec, "model", None), getattr(spec, "kwargs", None)
-    if isinstance(model, str) and isinstance(kwargs, Mapping):  # a dspy.LM, or anything shaped like one
+    if isinstance(spec, (str, Mapping)):
+        model, settings = split_model(spec, role)
+        return _Endpoint(model, _clean_settings(settings), role)
+    if is_lm(spec):
         if not isinstance(getattr(spec, "_engine_spec", "auto"), str):
             raise TypeError(
                 f"{role} is a dspy.LM with a custom engine, which LiteLLM cannot call; give the model as a "
                 "LiteLLM string or a dict {'model': ..., 'api_base': ..., 'api_key': ...} instead"
             )
-        return _Endpoint(model, _clean_settings(dict(kwargs)), role)
+        return _Endpoint(spec.model, _clean_settings(dict(spec.kwargs)), role)
     raise TypeError(
         f"{role} must be a LiteLLM model string ('openai/gpt-4o-mini'), a dict {{'model': ..., 'api_base': ..., "
         f"'api_key': ...}} or a dspy.LM; got {type(spec).__name__}"
     )
 
 
-def _clean_settings(settings: dict[str, Any]) -> dict[str, Any]:
+def _with_api_base(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with LiteLLM's base_url alias renamed api_base (an api_base given as well wins)."""
     if "base_url" in settings:
-        base_url = settings.pop("base_url")
-        settings.setdefault("api_base", base_url)
+        settings.setdefault("api_base", settings.pop("base_url"))
+    return settings
+
+
+def _clean_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    settings = _with_api_base(settings)
     cleaned = {key: value for key, value in settings.items() if value is not None and key not in _NOT_SENT}
     _secrets.register(cleaned.get("api_key"))
     return cleaned
@@ -239,10 +253,8 @@ class Models:
         if not isinstance(retry_base_delay, (int, float)) or isinstance(retry_base_delay, bool) or retry_base_delay < 0:
             raise ValueError(f"retry_base_delay must be a number of seconds >= 0, got {retry_base_delay!r}")
         _secrets.refresh()
-        self._metric = _endpoint(metric_lm, "metric_lm")
-        self._reflection = _endpoint(reflection_lm, "reflection_lm")
-        if self.configured:
-            _import_litellm()
+        self.metric_lm = metric_lm
+        self.reflection_lm = reflection_lm
         self.timeout = float(timeout)
         self.max_retries = max_retries
         self.retry_base_delay = float(retry_base_delay)
@@ -286,11 +298,6 @@ class Models:
         self._reflection = _endpoint(spec, "reflection_lm")
         if self._reflection is not None:
             _import_litellm()
-
-    @property
-    def configured(self) -> bool:
-        """Whether a metric or reflection model is set here (the process default is not counted)."""
-        return self._metric is not None or self._reflection is not None
 
     def _route(self) -> _Endpoint:
         endpoint = self._metric or self._reflection
@@ -379,13 +386,9 @@ class Models:
 
     def _send(self, endpoint: _Endpoint, request: dict[str, Any]) -> str:
         """Call LiteLLM with bounded retries; count usage; return the answer text."""
-        from . import _measure
-
         litellm = _import_litellm()
-        _secrets.register(request.get("api_key"))
         request = {**request, "num_retries": 0, "max_retries": 0}
         request.setdefault("timeout", self.timeout)
-        not_measured = getattr(_measure, "not_measured", None) or contextlib.nullcontext
         started = time.perf_counter()
         attempts = self.max_retries + 1
         try:
@@ -393,7 +396,7 @@ class Models:
                 with self._lock:
                     self._calls += 1
                 try:
-                    with not_measured():
+                    with _measure.not_measured():
                         response = litellm.completion(**request)
                     self._account(response)
                     text = _text_of(response)
@@ -401,42 +404,43 @@ class Models:
                         raise _EmptyCompletion(
                             f"the model returned an empty completion (finish_reason={_finish_reason(response)})"
                         )
+                    return text
                 except Exception as exc:
                     with self._lock:
                         self._errors += 1
-                    status = _status_of(exc)
-                    where = f"the {endpoint.role} {_secrets.redact(str(request['model']))}"
-                    if endpoint.api_base:
-                        where += f" at {_secrets.redact(str(endpoint.api_base))}"
-                    if status in _AUTH_STATUSES or _MISSING_KEY.search(str(exc)):
-                        status = status if status in _AUTH_STATUSES else None
-                        refused = f"refused the request with HTTP {status}" if status else "has no API key"
-                        raise LLMCallError(
-                            f"skynet.llm(): {where} {refused} ({_error_text(exc)}). Check the API key given for "
-                            f"{endpoint.role} (api_key=, or the provider's environment variable such as "
-                            "OPENAI_API_KEY) and its access to this model.",
-                            status,
-                        ) from None
-                    if not _retryable(exc, status):
-                        raise LLMCallError(f"skynet.llm(): {where} failed: {_error_text(exc)}", status) from None
-                    if attempt == attempts:
-                        raise LLMCallError(
-                            f"skynet.llm(): {where} failed {attempts} time(s) in a row; last error: "
-                            f"{_error_text(exc)}",
-                            status,
-                        ) from None
-                    delay = self._backoff(attempt, _retry_after(exc))
-                    logger.info(
-                        "skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)",
-                        where, _error_text(exc), delay, attempt + 1, attempts,
-                    )
-                    _sleep(delay)
-                    continue
-                return text
+                    _sleep(self._retry_delay(endpoint, str(request["model"]), exc, attempt, attempts))
         finally:
             with self._lock:
                 self._seconds += time.perf_counter() - started
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
+    def _retry_delay(self, endpoint: _Endpoint, model: str, exc: Exception, attempt: int, attempts: int) -> float:
+        """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left."""
+        status = _status_of(exc)
+        where = f"the {endpoint.role} {_secrets.redact(model)}"
+        if endpoint.api_base:
+            where += f" at {_secrets.redact(str(endpoint.api_base))}"
+        if status in _AUTH_STATUSES or _MISSING_KEY.search(str(exc)):
+            status = status if status in _AUTH_STATUSES else None
+            refused = f"refused the request with HTTP {status}" if status else "has no API key"
+            raise LLMCallError(
+                f"skynet.llm(): {where} {refused} ({_error_text(exc)}). Check the API key given for "
+                f"{endpoint.role} (api_key=, or the provider's environment variable such as "
+                "OPENAI_API_KEY) and its access to this model.",
+                status,
+            ) from None
+        if not _retryable(exc, status):
+            raise LLMCallError(f"skynet.llm(): {where} failed: {_error_text(exc)}", status) from None
+        if attempt == attempts:
+            raise LLMCallError(
+                f"skynet.llm(): {where} failed {attempts} time(s) in a row; last error: {_error_text(exc)}", status
+            ) from None
+        delay = self._backoff(attempt, _retry_after(exc))
+        logger.info(
+            "skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)",
+            where, _error_text(exc), delay, attempt + 1, attempts,
+        )
+        return delay
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """The wait before retry `attempt`: the server's Retry-After when it is short, else jittered doubling."""
@@ -446,10 +450,7 @@ class Models:
         return delay * random.uniform(0.5, 1.0)
 
     def _account(self, response: Any) -> None:
-        usage = getattr(response, "usage", None)
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion = int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = _cost_of(response)
+        prompt, completion, cost = _measure.response_usage(response)
         with self._lock:
             self._prompt_tokens += prompt
             self._completion_tokens += completion
@@ -475,9 +476,7 @@ class Models:
             )
 
     def __repr__(self) -> str:
-        cache = "memory" if self._disk is None and self._memory is not None else (
-            str(self._disk.path.parent) if self._disk is not None else "off"
-        )
+        cache = str(self._disk.path.parent) if self._disk else "memory" if self._memory else "off"
         return _secrets.redact(
             f"Models(metric_lm={self._metric!r}, reflection_lm={self._reflection!r}, cache={cache!r})"
         )
@@ -584,24 +583,6 @@ def _text_of(response: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
     return content or ""
-
-
-def _cost_of(response: Any) -> float | None:
-    """LiteLLM's USD cost of one response, or None when the model's price is unknown."""
-    hidden = getattr(response, "_hidden_params", None) or {}
-    if "response_cost" in hidden:
-        cost = hidden["response_cost"]
-    else:
-        try:
-            import litellm
-
-            cost = litellm.completion_cost(completion_response=response)
-        except Exception:
-            return None
-    try:
-        return float(cost) if cost is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 _default = Models()

@@ -8,6 +8,7 @@ from typing import Any
 import dspy
 
 from ._adapter import Metric, load_metric
+from ._models import split_model
 
 
 def gepa(
@@ -60,20 +61,9 @@ def as_dspy_lm(spec: Any) -> dspy.BaseLM:
     """A dspy.LM for a model given as a dspy.LM, a LiteLLM model string or a settings dict."""
     if isinstance(spec, dspy.BaseLM):
         return spec
-    if isinstance(spec, str):
-        if not spec.strip():
-            raise ValueError("reflection_lm is an empty string; give a LiteLLM model such as 'openai/gpt-4o'")
-        return dspy.LM(spec.strip())
-    if isinstance(spec, Mapping):
-        settings = dict(spec)
-        model = settings.pop("model", None)
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(
-                "reflection_lm as a dict needs a 'model' string, e.g. {'model': 'openai/gpt-4o', 'api_key': ...}"
-            )
-        if "base_url" in settings:
-            settings.setdefault("api_base", settings.pop("base_url"))
-        return dspy.LM(model.strip(), **settings)
+    if isinstance(spec, (str, Mapping)):
+        model, settings = split_model(spec, "reflection_lm")
+        return dspy.LM(model, **settings)
     raise TypeError(
         "reflection_lm must be a dspy.LM, a LiteLLM model string ('openai/gpt-4o') or a dict "
         f"{{'model': ..., 'api_base': ..., 'api_key': ...}}; got {type(spec).__name__}"

@@ -274,7 +274,7 @@ def _run_inline(watchdog: _Watchdog, fn: Callable[..., Any], args: tuple[Any, ..
             outcome, value = DONE, _copy_context().run(fn, *args)
         finally:
             call[_FINISHED] = True
-    except MetricTimeout:
+    except MetricTimeout:  # each handler marks the call finished again: the signal may land before the finally did
         call[_FINISHED] = True
         outcome, value = TIMED_OUT, None
     except KeyboardInterrupt:

@@ -11,6 +11,8 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dspy.primitives.example import Example
+
 # Fields DSPy modules add to a prediction that are not the program's answer.
 BOOKKEEPING_FIELDS = frozenset({"reasoning", "trajectory"})
 _IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None), complex})
@@ -38,21 +40,12 @@ def _detach_slow(value: Any) -> Any:
         return [detach(item) for item in value]
     if isinstance(value, tuple) and type(value) is tuple:
         return tuple(detach(item) for item in value)
-    store = _store_of(value)
-    if store is not None:  # a dspy.Example or dspy.Prediction nested in a field
-        return {key: detach(item) for key, item in store.items() if not key.startswith(_DSPY_PREFIX)}
+    if isinstance(value, Example):  # a dspy.Example or dspy.Prediction nested in a field
+        return {key: detach(item) for key, item in value._store.items() if not key.startswith(_DSPY_PREFIX)}
     try:
         return copy.deepcopy(value)
     except Exception:
         return value  # an object that cannot be copied is handed over as it is
-
-
-def _store_of(record: Any) -> dict[str, Any] | None:
-    try:
-        from dspy.primitives.example import Example
-    except ImportError:  # pragma: no cover - dspy is a dependency
-        return None
-    return record._store if isinstance(record, Example) else None
 
 
 def _fields(record: Any) -> dict[str, Any]:
@@ -83,23 +76,9 @@ def split_example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return inputs, (labels or None)
 
 
-def example_input(example: Any) -> dict[str, Any]:
-    """`input`: the example's input fields as a plain dict."""
-    return split_example(example)[0]
-
-
-def example_expected(example: Any) -> dict[str, Any] | None:
-    """`expected`: the example's label fields as a plain dict, or None when it has none."""
-    keys = getattr(example, "_input_keys", None) or ()
-    labels = {key: detach(value) for key, value in _fields(example).items() if key not in keys}
-    return labels or None
-
-
-def output_columns(prediction: Any, columns: Sequence[str] | None = None) -> dict[str, Any]:
-    """The prediction's output columns: the ones named, or every field but DSPy's bookkeeping."""
+def output_columns(prediction: Any, columns: Sequence[str]) -> dict[str, Any]:
+    """The prediction's output columns named in `columns`; MissingOutputField when one is absent."""
     fields = _fields(prediction)
-    if columns is None:
-        return {key: value for key, value in fields.items() if key not in BOOKKEEPING_FIELDS}
     missing = [name for name in columns if name not in fields]
     if missing:
         names = ", ".join(repr(name) for name in missing)
@@ -129,6 +108,7 @@ def prediction_output(
         store = getattr(prediction, "_store", None)
         if store is None:
             store = dict(prediction)
+        # One pass without building a dict for the commonest case, a single output field.
         found = None
         many: dict[str, Any] | None = None
         for key, value in store.items():

@@ -25,7 +25,7 @@ def llm(instructions: str, input: str | None = None, **overrides: Any) -> str:
     from . import _models
 
     call = _context.current_or_none()
-    models = call.models if call is not None and call.models is not None else _models.default_models()
+    models = call.models if call is not None else _models.default_models()
     return models.complete(instructions, input, **overrides)
 
 

@@ -6,6 +6,8 @@ The hot path of a call is: memo lookup → translate the Example/Prediction (_tr
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import math
 import threading
@@ -69,6 +71,9 @@ def _as_raw(value: Any, base: Any, fields: dict[str, Any]) -> Raw:
         dict(previous[3]) if previous is not None else {},
         previous[4] if previous is not None else None,
     )
+
+
+_LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
 
 
 class Score(dspy.Prediction, float):
@@ -209,6 +214,7 @@ class Metric:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._warned: set[str] = set()
+        self._failure_streak = 0  # failed calls in a row; reaching each of _LOUD_STREAKS logs an error
         self._runner = _runner.TimeoutRunner()
         if loaded.reward_spec is not None:
             from ._reward import validate_spec
@@ -311,10 +317,13 @@ class Metric:
         if outcome == _runner.DONE:
             raw = _fast_raw(value, self.feedback_limit)
             if raw is not None:
+                self._failure_streak = 0
                 redacted = _secrets.redact(raw[1])  # validate_return redacts; the fast path must too
                 return raw if redacted is raw[1] else (raw[0], redacted, None, {}, None)
             try:
-                return _raw_of(validate_return(value, feedback_limit=self.feedback_limit))
+                result = validate_return(value, feedback_limit=self.feedback_limit)
+                self._failure_streak = 0
+                return _raw_of(result)
             except ContractViolation as exc:
                 # The rule only: the offending value may hold expected values, and feedback reaches the optimizer.
                 return self._failed(
@@ -340,6 +349,15 @@ class Metric:
             self._counts[kind] += 1
             first = kind not in self._warned
             self._warned.add(kind)
+            self._failure_streak += 1
+            streak = self._failure_streak
+        if streak in _LOUD_STREAKS:
+            logger.error(
+                "skynet-dspy metric %s: the last %d calls all failed (latest: %s: %s). Every failed call scores %g, "
+                "so the optimizer learns nothing and its budget is spent: run skynet_dspy.check_contract() on "
+                "the metric to see what is wrong.",
+                self.loaded.name, streak, kind, _secrets.redact(detail) if detail else text, self.failure_score,
+            )
         if first:
             shown = _secrets.redact(detail) if detail else text
             logger.warning(
@@ -408,4 +426,10 @@ def load_metric(source: Any, **options: Any) -> Metric:
         if options:
             raise TypeError("load_metric() got a Metric already; pass the metric file or function to set options")
         return source
+    known = [name for name in inspect.signature(Metric).parameters if name != "loaded"]
+    unknown = [name for name in options if name not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(f"load_metric() got an unknown option {unknown[0]!r}{hint}. Options: {', '.join(known)}")
     return Metric(load(source), **options)

@@ -311,6 +311,7 @@ def check_contract(source: Any, examples: Iterable[Any], **options: Any) -> Cont
         _add_load_failure(report, exc)
         return report
 
+    _check_output_fields(cases, metric.output_fields)
     loaded = metric.loaded
     report.items.append(CheckItem("Metric loads", PASSED, f"loaded {report.metric}"))
     arity = "score(input, output, expected)" if loaded.takes_expected else "score(input, output)"
@@ -418,6 +419,19 @@ def _call(metric: Any, number: int, role: str, case: _Case, output: Any, source_
     where = holder.get("where") if result.failure == EXCEPTION else None
     seconds = time.perf_counter() - started
     return Call(number, role, output, result, seconds, where, source_case, case.expected is None)
+
+
+def _check_output_fields(cases: list[_Case], columns: Any) -> None:
+    """A clear error when output_fields names a column the labelled cases lack (most often a typo)."""
+    if columns is None:
+        return
+    for number, case in enumerate(cases, 1):
+        missing = [name for name in columns if case.expected and name not in case.expected]
+        if missing:
+            raise ValueError(
+                f"output_fields names {', '.join(map(repr, missing))}, but case {number}'s expected values hold "
+                f"only {', '.join(map(repr, case.expected))}; name the output columns as they appear in expected"
+            )
 
 
 def _run_calls(metric: Any, cases: list[_Case], report: ContractReport) -> None:

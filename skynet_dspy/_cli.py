@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         from ._check import check_contract
 
         report = check_contract(args.metric, cases, timeout=args.timeout, output_fields=args.output_fields)
-    except UsageError as exc:
+    except (UsageError, ValueError) as exc:  # check_contract's ValueErrors name a bad option or case
         print(f"skynet-dspy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

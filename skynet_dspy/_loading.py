@@ -252,7 +252,10 @@ def _import_message(path: Path, exc: BaseException) -> str:
             what += f" (in {frames[-1].filename}, line {frames[-1].lineno})"
     hint = "Fix the module-level code so the file imports cleanly."
     if isinstance(exc, ModuleNotFoundError):
-        hint = f"Install the missing package into this Python environment ({sys.executable})."
+        hint = (
+            f"If it is a file beside {path.name}, check its name; if it is a package, install it into this "
+            f"Python environment ({sys.executable})."
+        )
     elif isinstance(exc, ImportError) and getattr(exc, "name", None) in ("skynet", helpers.__name__):
         hint = "The `skynet` module provides llm, reward, observation and service_cost."
     return f"{path}{where}{shown}: importing the file {what}. {hint}"
@@ -260,7 +263,12 @@ def _import_message(path: Path, exc: BaseException) -> str:
 
 def _outside(path: Path, filename: str) -> bool:
     """True for a user's file other than the metric file (not <frozen ...> or importlib's own)."""
-    return filename != str(path) and not filename.startswith("<") and "importlib" not in filename
+    return (
+        filename != str(path)
+        and not filename.startswith("<")
+        and "importlib" not in filename
+        and filename != __file__  # our import hook for modules beside the metric
+    )
 
 
 def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
@@ -288,6 +296,12 @@ def _takes_expected(score: Callable[..., Any], name: str) -> bool:
     has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     required_keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
     shown = f"score{signature}"
+    if any(p.name == "expected" and p.kind is p.KEYWORD_ONLY for p in params):
+        raise MetricLoadError(
+            f"{name}: {shown} takes `expected` as keyword-only, but it is passed by position. "
+            f"Define `{_SCORE_EXAMPLE}`.",
+            "Metric signature",
+        )
     if required_keywords:
         raise MetricLoadError(
             f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)}, which are never "

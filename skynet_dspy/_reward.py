@@ -38,7 +38,8 @@ def validate_spec(spec: Any) -> dict[str, float]:
     numbers: dict[str, float] = {}
     for name in COMPONENTS:
         if name not in weights:
-            raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is missing; every weight must be given")
+            raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is missing; give every weight "
+                                  f"(set '{name}': 0 to leave it out)")
         value = as_number(weights[name])
         if value is None or value != value or value in (float("inf"), float("-inf")):
             raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] must be a number, got {shorten(weights[name])}")

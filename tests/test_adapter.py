@@ -400,6 +400,36 @@ def test_a_warning_is_logged_once_per_kind_of_failure(caplog):
     assert (stats["exception"], stats["invalid"], stats["calls"]) == (3, 2, 5)
 
 
+def test_a_metric_that_fails_every_call_is_reported_loudly_after_ten(caplog):
+    def broken(input, output, expected):
+        raise NameError("name 'expcted' is not defined")
+
+    metric = skynet_dspy.load_metric(broken)
+    example = gold()
+    with caplog.at_level(logging.ERROR, logger="skynet_dspy"):
+        for index in range(9):
+            metric(example, dspy.Prediction(answer=f"a{index}"))
+        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+        metric(example, dspy.Prediction(answer="a9"))
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert "last 10 calls all failed" in errors[0] and "expcted" in errors[0] and "check_contract" in errors[0]
+
+
+def test_a_success_resets_the_run_of_failures(caplog):
+    def sometimes(input, output, expected):
+        if output == "ok":
+            return 1.0, {"feedback": "fine"}
+        raise ValueError("nope")
+
+    metric = skynet_dspy.load_metric(sometimes)
+    example = gold()
+    with caplog.at_level(logging.ERROR, logger="skynet_dspy"):
+        for answer in ["x"] * 9 + ["ok"] + ["x"] * 9:
+            metric(example, dspy.Prediction(answer=answer))
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
 def test_stats_list_every_kind_from_the_start():
     stats = skynet_dspy.load_metric(exact).stats
     assert stats == {
@@ -501,3 +531,8 @@ def test_evaluate_finishes_past_a_stuck_metric_and_says_it_timed_out(threads):
         assert metric.stats["timeout"] == 1
     finally:
         release.set()
+
+
+def test_a_misspelt_option_names_the_closest_one():
+    with pytest.raises(TypeError, match=r"unknown option 'output_field' \(did you mean 'output_fields'\?\)"):
+        skynet_dspy.load_metric(exact, output_field="answer")

@@ -551,3 +551,9 @@ def test_a_metric_that_scores_right_and_wrong_outputs_alike_is_warned_about(tmp_
     assert "score does not seem to tell a right output from a wrong one" in item.message
     assert "(case 1: 0.5 vs 0.5)" in item.message
     assert "output_fields" not in item.message  # one label field: no shape hint
+
+
+def test_output_fields_naming_a_column_the_cases_lack_is_a_clear_error(metrics_dir):
+    cases = [{"input": {"t": 1}, "expected": {"label": "a", "id": 7}}]
+    with pytest.raises(ValueError, match="output_fields names 'lable'.*'label', 'id'"):
+        skynet_dspy.check_contract(metrics_dir / "exact_match.py", cases, output_fields="lable")

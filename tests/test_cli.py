@@ -308,3 +308,5 @@ def test_output_fields_option(metrics_dir, tmp_path, capsys):
     assert exit_code == 0 and "[ ok ] Perfect output scores highest" in out
     assert "not a comma-separated list" in usage_error(capsys, "check", metrics_dir / "exact_match.py", "--data",
                                                        data, "--output-fields", "label,,id")
+    typo = usage_error(capsys, "check", metrics_dir / "exact_match.py", "--data", data, "--output-fields", "lable")
+    assert "'lable'" in typo and "'label', 'id'" in typo

@@ -246,6 +246,26 @@ def test_a_required_keyword_only_parameter_fails_at_metric_signature():
     assert caught.value.item == "Metric signature" and "mode" in str(caught.value)
 
 
+def test_a_keyword_only_expected_fails_at_metric_signature():
+    def score(input, output, *, expected=None):
+        return 1.0, {"feedback": "x"}
+
+    with pytest.raises(MetricLoadError, match="`expected` as keyword-only") as caught:
+        load(score)
+    assert caught.value.item == "Metric signature"
+    assert "def score(input, output, expected=None)" in str(caught.value)
+
+
+def test_a_misspelt_module_beside_the_metric_is_blamed_on_the_metric_not_on_skynet_dspy(tmp_path):
+    (tmp_path / "helpers_beside.py").write_text("X = 1\n")
+    path = write(tmp_path, "import helpers_besdie\n" + "def score(input, output):\n    return 1.0, {'feedback': 'x'}\n")
+    with pytest.raises(MetricLoadError) as caught:
+        load_metric(path)
+    message = str(caught.value)
+    assert "line 1" in message and "helpers_besdie" in message and "_loading.py" not in message
+    assert "check its name" in message
+
+
 def test_a_syntax_error_names_the_file_and_line(tmp_path):
     path = write(tmp_path, """
         def score(input, output, expected=None):
@@ -296,7 +316,7 @@ def test_a_missing_package_says_to_install_it(tmp_path):
         load_metric(path)
     message = str(caught.value)
     assert "line 1" in message and "No module named 'package_that_is_not_installed_x9'" in message
-    assert "Install the missing package" in message and sys.executable in message
+    assert "install it into this Python environment" in message and sys.executable in message
 
 
 def test_a_wrong_skynet_name_lists_what_skynet_provides(tmp_path):

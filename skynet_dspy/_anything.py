@@ -8,6 +8,7 @@ reflection model see: the feedback text and the named "scores" (GEPA's objective
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import json
 import logging
@@ -460,9 +461,11 @@ def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         else:
             groups[group][name] = value
     if unknown:
-        known = sorted(set().union(*fields.values()))
+        known = sorted(set().union(*fields.values()) - set(_REFUSED) | {"max_metric_calls", "objective", "background"})
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TypeError(
-            f"optimize_anything() got unknown argument(s) {', '.join(map(repr, unknown))}; "
+            f"optimize_anything() got unknown argument(s) {', '.join(map(repr, unknown))}{hint}; "
             f"it takes these settings: {', '.join(known)}"
         )
     return groups

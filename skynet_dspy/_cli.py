@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = _read_cases(args.data)
         from ._check import check_contract
 
-        report = check_contract(args.metric, cases, timeout=args.timeout, output_fields=args.output_fields)
+        with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
+            report = check_contract(args.metric, cases, timeout=args.timeout, output_fields=args.output_fields)
     except (UsageError, ValueError) as exc:  # check_contract's ValueErrors name a bad option or case
         print(f"skynet-dspy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

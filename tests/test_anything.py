@@ -388,6 +388,9 @@ def test_optimize_anything_refuses_what_would_leak_or_cannot_run():
         skynet_dspy.optimize_anything("A", max_metric_calls=5, capture_stdio=True, **common)
     with pytest.raises(TypeError, match="unknown argument\\(s\\) 'max_calls'.*max_workers"):
         skynet_dspy.optimize_anything("A", max_calls=5, **common)
+    with pytest.raises(TypeError, match="'max_metric_cals' \\(did you mean 'max_metric_calls'\\?\\)") as caught:
+        skynet_dspy.optimize_anything("A", max_metric_cals=5, **common)
+    assert "capture_stdio" not in str(caught.value)  # refused, so never offered
     with pytest.raises(ValueError, match="budget"):
         skynet_dspy.optimize_anything("A", **common)
     with pytest.raises(ValueError, match=r"trainset\[0\]: an example dict needs an 'input' key"):

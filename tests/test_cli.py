@@ -310,3 +310,16 @@ def test_output_fields_option(metrics_dir, tmp_path, capsys):
                                                        data, "--output-fields", "label,,id")
     typo = usage_error(capsys, "check", metrics_dir / "exact_match.py", "--data", data, "--output-fields", "lable")
     assert "'lable'" in typo and "'label', 'id'" in typo
+
+
+def test_what_the_metric_prints_goes_to_stderr_not_into_the_report(tmp_path, capsys):
+    metric = tmp_path / "noisy.py"
+    metric.write_text(
+        "def score(input, output, expected=None):\n"
+        "    print('NOISE FROM THE METRIC')\n"
+        "    return 1.0, {'feedback': 'ok'}\n"
+    )
+    data = write_cases(tmp_path, [{"input": {"t": 1}, "output": "a", "expected": {"label": "a"}}])
+    exit_code, out, err = run_main(capsys, "check", metric, "--data", data)
+    assert exit_code == 0 and "Contract check of" in out
+    assert "NOISE FROM THE METRIC" not in out and "NOISE FROM THE METRIC" in err

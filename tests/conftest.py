@@ -10,6 +10,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 import pytest  # noqa: E402
 
+from skynet_dspy import _models  # noqa: E402
 from skynet_dspy.devserver import DevServer  # noqa: E402
 
 METRICS = Path(__file__).parent / "metrics"
@@ -31,3 +32,9 @@ def lm(server):
 @pytest.fixture
 def metrics_dir() -> Path:
     return METRICS
+
+
+@pytest.fixture(autouse=True)
+def no_default_models(monkeypatch):
+    """Each test starts with no process-default models for llm() (configure_llm), and leaves none behind."""
+    monkeypatch.setattr(_models, "_default", _models.Models())

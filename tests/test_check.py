@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import textwrap
 import time
-from pathlib import Path
 
 import dspy
 import pytest
+from _support import returning
+from _support import write_metric as write
 
 import skynet_dspy
 from skynet_dspy import CheckItem, ContractReport, check_contract
@@ -24,15 +24,6 @@ TICKETS = [
 ]
 
 
-def write(folder: Path, body: str, name: str = "metric.py") -> Path:
-    path = folder / name
-    path.write_text(textwrap.dedent(body), encoding="utf-8")
-    return path
-
-
-def returning(folder: Path, value: str, params: str = "input, output, expected=None") -> Path:
-    """A metric file whose score returns the Python expression `value`."""
-    return write(folder, f"import math\nimport numpy as np\n\ndef score({params}):\n    return {value}\n")
 
 
 def names(report: ContractReport) -> list[str]:

@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from _support import returning, write_metric
 
 from skynet_dspy._cli import main
 
@@ -28,14 +28,6 @@ def write_cases(folder: Path, cases: list, name: str = "cases.jsonl") -> Path:
     return path
 
 
-def write_metric(folder: Path, body: str, name: str = "metric.py") -> Path:
-    path = folder / name
-    path.write_text(textwrap.dedent(body), encoding="utf-8")
-    return path
-
-
-def returning(folder: Path, value: str, params: str = "input, output, expected=None") -> Path:
-    return write_metric(folder, f"import math\nimport numpy as np\n\ndef score({params}):\n    return {value}\n")
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:

@@ -8,10 +8,9 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from _support import write_metric as write
 
 import skynet_dspy
 from skynet_dspy import MetricLoadError, load_metric
@@ -19,11 +18,6 @@ from skynet_dspy._loading import load
 
 HELPERS = ("llm", "reward", "observation", "service_cost")
 
-
-def write(folder: Path, body: str, name: str = "metric.py") -> Path:
-    path = folder / name
-    path.write_text(textwrap.dedent(body), encoding="utf-8")
-    return path
 
 
 @pytest.mark.parametrize("name", ["exact_match.py", "json_fields.py", "judge.py", "reward_metric.py"])

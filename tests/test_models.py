@@ -40,11 +40,6 @@ def fast_models(server, **options):
     return Models(metric_lm=options.pop("metric_lm", endpoint(server)), **options)
 
 
-@pytest.fixture(autouse=True)
-def no_default_models(monkeypatch):
-    """Each test starts with no process-default models, and leaves none behind."""
-    monkeypatch.setattr(_models, "_default", Models())
-
 
 # -- the seed page's judge example ---------------------------------------------------------
 

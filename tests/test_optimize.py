@@ -8,17 +8,12 @@ import dspy
 import pytest
 
 import skynet_dspy
-from skynet_dspy import _models
 from skynet_dspy.devserver import dspy_reply
 
 JUDGE_INSTRUCTIONS = "Answer PASS or FAIL, then give one sentence of reasons."
 BETTER = "Reply with the capital city's name only."
 CAPITALS = {"France": "Paris", "Spain": "Madrid", "Italy": "Rome"}
 
-
-@pytest.fixture(autouse=True)
-def no_default_models(monkeypatch):
-    monkeypatch.setattr(_models, "_default", _models.Models())
 
 
 def scripted(request):

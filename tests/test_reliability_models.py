@@ -16,7 +16,6 @@ import dspy
 import pytest
 
 import skynet_dspy
-from skynet_dspy import _models
 from skynet_dspy._models import Models
 from skynet_dspy.devserver import DevServer, dspy_reply
 
@@ -24,10 +23,6 @@ REQUEST_TIMEOUT = 1.0  # seconds per judge request: what cuts the 60-second stal
 MAX_RETRIES = 2
 JUDGE_INSTRUCTIONS = "Answer PASS or FAIL, then give one sentence of reasons."
 
-
-@pytest.fixture(autouse=True)
-def no_default_models(monkeypatch):
-    monkeypatch.setattr(_models, "_default", Models())
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ import litellm
 import pytest
 
 import skynet_dspy
-from skynet_dspy import _models
 from skynet_dspy._models import Models
 from skynet_dspy.devserver import DevServer, dspy_reply
 
@@ -121,10 +120,6 @@ class Recorder:
         accuracy = 1.0 if verdict.startswith("PASS") else 0.0
         return reward(REWARD_SPEC, accuracy, f"{verdict} calls={seen.model_calls} tokens={seen.total_tokens}")
 
-
-@pytest.fixture(autouse=True)
-def no_default_models(monkeypatch):
-    monkeypatch.setattr(_models, "_default", Models())
 
 
 @pytest.fixture

@@ -18,10 +18,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,30 +12,21 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
 
+from benchmarks.timing import percentile, summarize_ns  # noqa: E402, F401  (shared by the benchmarks)
 from skynet_dspy.devserver import DevServer, Request  # noqa: E402
 
 METRICS = Path(__file__).parent / "metrics"
+ROOT = Path(__file__).resolve().parent.parent
 # The loopback server takes any key; a user's real key would go here.
 KEY = "local-bench-key"
 MODEL = "openai/gpt-4o-mini"
 
 
-def percentile(ordered: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of an already sorted sequence."""
-    if not ordered:
-        raise ValueError("no samples")
-    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
-    return float(ordered[index])
+def bare_score(path: Path) -> Any:
+    """The metric file's own `score`, loaded in this process: the baseline the adapter's calls are timed against."""
+    from skynet_dspy._core.loading import load
 
-
-def summarize_ns(samples: Sequence[int]) -> dict[str, float]:
-    """Median, p99 and mean of per-call times given in nanoseconds, in microseconds."""
-    ordered = sorted(samples)
-    return {
-        "median_us": percentile(ordered, 0.5) / 1000,
-        "p99_us": percentile(ordered, 0.99) / 1000,
-        "mean_us": sum(ordered) / len(ordered) / 1000,
-    }
+    return load(path).score
 
 
 _FIELD = re.compile(r"^(Expected|Answer): (.*)$", re.MULTILINE)

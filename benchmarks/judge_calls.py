@@ -26,7 +26,7 @@ import skynet_dspy
 from benchmarks.common import KEY, MODEL
 from examples.program import HERE as EXAMPLES
 from examples.program import load_split, make_program
-from skynet_dspy._scripted import requests_by_role, scripted_server
+from skynet_dspy.devserver import requests_by_role, scripted_server
 
 SEED = 0
 
@@ -116,6 +116,8 @@ def run(budget: int = 120, train_size: int | None = None, val_size: int | None =
         skynet["judge_cache_hits"] = usage.cache_hits if usage is not None else None
         skynet["adapter_memo_hits"] = metric.stats.get("memo_hits")
         skynet["score_calls"] = metric.stats.get("calls")
+        skynet["isolation"] = metric.isolation
+        metric.close()
         hand_written = _gepa(HandWrittenTicketJudge(server.url, instructions), server, budget, train, val, threads)
         hand_written.pop("_instructions")
     finally:

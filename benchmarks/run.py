@@ -1,11 +1,18 @@
-"""`make bench`: what skynet-dspy costs per call, how many judge calls a GEPA run pays, how it scales, its memory.
+"""`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Four benchmarks, each against its baseline in the same run:
+Seven benchmarks, each against its baseline in the same run:
 
-1. per-call overhead: the adapter `metric(gold, pred)` vs the bare `score(input, output, expected)`;
+1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
+   with isolation="thread", vs the bare `score(input, output, expected)`;
 2. judge requests per dspy.GEPA run on the bundled example: the adapter vs a hand-written LiteLLM metric;
 3. dspy.Evaluate throughput with a 50 ms judge at 1-16 threads: the adapter vs the hand-written metric;
-4. resident memory over 1,000,000 adapter calls on distinct predictions vs bare score calls.
+4. resident memory over 1,000,000 adapter calls on distinct predictions vs bare score calls;
+5. `dspy.Predict` on DummyLM with no metric loaded, a plain metric loaded, a reward() metric loaded
+   (each in a fresh process);
+6. the isolation layer alone: `metric.score(...)` in a worker process, in a thread, vs the bare
+   score; and, when pebble is installed, a pebble ProcessPool round trip for reference;
+7. a CPU-bound metric (about 20 ms of pure Python per call) under dspy.Evaluate(num_threads=4):
+   worker processes vs threads.
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -30,8 +37,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
-ALL = (1, 2, 3, 4)
-NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory"}
+NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound"}
+ALL = tuple(NAMES)
+# The order they run in: the per-call timings first, the long runs last.
+ORDER = (1, 6, 5, 7, 4, 2, 3)
 
 
 @dataclass
@@ -48,10 +57,17 @@ class Sizes:
     threads: tuple[int, ...] = (1, 2, 4, 8, 16)  # 3
     repeats: int = 2  # 3: runs per point, the fastest counts
     memory_calls: int = 1_000_000  # 4: adapter calls (and bare calls)
+    predict_calls: int = 3000  # 5: Predict calls timed per process
+    predict_rounds: int = 3  # 5: fresh processes per variant, the least disturbed counts
+    predict_warmup: int = 200  # 5: Predict calls before the timed ones
+    isolation_calls: int = 20_000  # 6: calls timed per isolation
+    cpu_examples: int = 200  # 7: dspy.Evaluate examples per isolation
+    cpu_repeats: int = 2  # 7: runs per isolation, the fastest counts
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
-              repeats=1, memory_calls=20_000)
+              repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
+              isolation_calls=500, cpu_examples=8, cpu_repeats=1)
 
 
 def _quiet() -> None:
@@ -76,50 +92,74 @@ def run(sizes: Sizes, only: tuple[int, ...] = ALL, profile_calls: int = 20_000,
     started = time.perf_counter()
     timings: dict[str, float] = {}
     doc["timings_s"] = timings
-    mark = started
-
-    def lap(name: str) -> None:
-        nonlocal mark
-        now = time.perf_counter()
-        timings[name] = round(now - mark, 3)
-        mark = now
-
-    if 1 in only:
-        from benchmarks import overhead
-
-        say(f"[1/4] per-call overhead: {sizes.calls:,} calls ...")
-        doc["overhead"] = overhead.run(sizes.calls, warmup=min(1000, sizes.calls))
-        for where in ("main_thread", "worker_thread"):
-            if not doc["overhead"][where]["target_met"] and profile_calls:
-                say(f"      target missed on the {where.replace('_', ' ')}; profiling {profile_calls:,} calls ...")
-                doc["overhead"][where]["profile"] = overhead.profile(profile_calls,
-                                                                     worker_thread=where == "worker_thread")
-        lap("overhead")
-    if 4 in only:
-        from benchmarks import memory
-
-        say(f"[4/4] memory: {sizes.memory_calls:,} adapter calls in a fresh process ...")
-        doc["memory"] = memory.run(sizes.memory_calls)
-        lap("memory")
-    if 2 in only:
-        from benchmarks import judge_calls
-
-        say(f"[2/4] judge requests per GEPA run: budget {sizes.gepa_budget}, twice ...")
-        doc["judge_calls"] = judge_calls.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
-        lap("judge_calls")
-    if 3 in only:
-        from benchmarks import threads
-
-        say(f"[3/4] thread scaling: {sizes.examples} examples at {sizes.delay * 1000:g} ms, threads "
-            f"{', '.join(map(str, sizes.threads))}, {sizes.repeats} run(s) each with and without the adapter ...")
-        doc["threads"] = threads.run(sizes.examples, sizes.delay, sizes.threads, sizes.repeats)
-        lap("threads")
+    total = len(ALL)
+    for number in (n for n in ORDER if n in only):
+        mark = time.perf_counter()
+        doc[NAMES[number]] = _one(number, sizes, profile_calls, lambda text, n=number: say(f"[{n}/{total}] {text}"))
+        timings[NAMES[number]] = round(time.perf_counter() - mark, 3)
     doc["seconds"] = time.perf_counter() - started
     try:
         doc["machine"]["load_average_at_end"] = [round(value, 2) for value in os.getloadavg()]
     except OSError:
         pass
     return doc
+
+
+def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, Any]:
+    if number == 1:
+        from benchmarks import overhead
+
+        say(f"per-call overhead: {sizes.calls:,} calls per isolation, on two threads ...")
+        found = overhead.run(sizes.calls, warmup=min(1000, sizes.calls))
+        for isolation in found["isolations"]:
+            for where in ("main_thread", "worker_thread"):
+                if not found[where][isolation]["target_met"] and profile_calls:
+                    say(f"      isolation={isolation}: target missed on the {where.replace('_', ' ')}; "
+                        f"profiling {profile_calls:,} calls ...")
+                    found[where][isolation]["profile"] = overhead.profile(
+                        profile_calls, worker_thread=where == "worker_thread", isolation=isolation)
+        return found
+    if number == 2:
+        from benchmarks import judge_calls
+
+        say(f"judge requests per GEPA run: budget {sizes.gepa_budget}, twice ...")
+        return judge_calls.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
+    if number == 3:
+        from benchmarks import threads
+
+        say(f"thread scaling: {sizes.examples} examples at {sizes.delay * 1000:g} ms, threads "
+            f"{', '.join(map(str, sizes.threads))}, {sizes.repeats} run(s) each with and without the adapter ...")
+        return threads.run(sizes.examples, sizes.delay, sizes.threads, sizes.repeats)
+    if number == 4:
+        from benchmarks import memory
+
+        say(f"memory: {sizes.memory_calls:,} adapter calls in a fresh process ...")
+        return memory.run(sizes.memory_calls)
+    if number == 5:
+        from benchmarks import predict
+
+        say(f"dspy.Predict on DummyLM: {sizes.predict_calls:,} calls in a fresh process per variant, "
+            f"{sizes.predict_rounds} round(s) ...")
+        return predict.run(sizes.predict_calls, sizes.predict_rounds, sizes.predict_warmup)
+    if number == 6:
+        from benchmarks import isolation
+
+        say(f"isolation overhead: {sizes.isolation_calls:,} calls each, process / thread / bare"
+            f"{' / pebble' if _has_pebble() else ''} ...")
+        return isolation.overhead(sizes.isolation_calls, warmup=min(500, sizes.isolation_calls))
+    if number == 7:
+        from benchmarks import isolation
+
+        say(f"CPU-bound metric: dspy.Evaluate(num_threads={isolation.EVALUATE_THREADS}), {sizes.cpu_examples} "
+            f"examples, processes vs threads, {sizes.cpu_repeats} run(s) each ...")
+        return isolation.cpu_bound(sizes.cpu_examples, sizes.cpu_repeats)
+    raise ValueError(f"no benchmark {number}")
+
+
+def _has_pebble() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pebble") is not None
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -138,23 +178,27 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     out = []
     if "overhead" in doc:
         o = doc["overhead"]
-        main, worker = o["main_thread"], o["worker_thread"]
+        main, other = o["main_thread"], o["worker_thread"]
 
         def timing(part: dict[str, Any]) -> str:
-            return f"median {_us(part['median_us'])}, p99 {_us(part['p99_us'])}"
+            return f"median {_us(part['median_us'])}, p90 {_us(part['p90_us'])}"
 
-        out.append((
-            f"1. Per-call overhead ({o['calls']:,} calls per thread, exact match, timeout {o['timeout_s']:g} s)",
-            f"main thread: {timing(main['adapter'])}; other thread: {timing(worker['adapter'])}; "
-            f"memo hit: median {_us(main['memo_hit']['median_us'])} / {_us(worker['memo_hit']['median_us'])}",
-            f"bare `score()`: {timing(main['bare'])} / {timing(worker['bare'])}; a bare thread round trip "
-            f"(the floor of any cross-thread timeout): {timing(o['thread_handoff_floor'])}",
-            f"main thread +{_us(main['overhead_median_us'])} median ({main['ratio_median']:,.0f}×), "
-            f"+{_us(main['overhead_p99_us'])} p99; other thread +{_us(worker['overhead_median_us'])} median "
-            f"({worker['ratio_median']:,.0f}×), +{_us(worker['overhead_p99_us'])} p99",
-            f"< {o['target_us']:g} µs median: main thread {_met(main['target_met'])}, "
-            f"other thread {_met(worker['target_met'])}",
-        ))
+        for letter, isolation in zip("ab", o["isolations"], strict=False):
+            mine, theirs = main[isolation], other[isolation]
+            default = " (the default)" if isolation == "process" else ""
+            floor = (f"; a bare thread round trip (the floor of a cross-thread timeout): "
+                     f"{timing(o['thread_handoff_floor'])}" if isolation == "thread" else "")
+            out.append((
+                f"1{letter}. Per-call overhead, `metric(gold, pred)`, isolation=\"{isolation}\"{default}: "
+                f"{o['calls']:,} calls per thread, exact match, timeout {o['timeout_s']:g} s",
+                f"main thread: {timing(mine['adapter'])}; other thread: {timing(theirs['adapter'])}; "
+                f"memo hit: median {_us(mine['memo_hit']['median_us'])} / {_us(theirs['memo_hit']['median_us'])}",
+                f"bare `score()`: {timing(main['bare'])} / {timing(other['bare'])}{floor}",
+                f"main thread +{_us(mine['overhead_median_us'])} median, +{_us(mine['overhead_p90_us'])} p90; "
+                f"other thread +{_us(theirs['overhead_median_us'])} median, +{_us(theirs['overhead_p90_us'])} p90",
+                f"≤ {mine['target_us']:g} µs median: main thread {_met(mine['target_met'])}, "
+                f"other thread {_met(theirs['target_met'])}",
+            ))
     if "judge_calls" in doc:
         j = doc["judge_calls"]
         s, h = j["skynet"], j["hand_written"]
@@ -197,16 +241,78 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         bare_marks = " → ".join(f"{r['rss_mb']:.1f}" for r in bare)
         calls = "/".join(_count(r["calls"]) for r in adapter)
         out.append((
-            f"4. Memory, {m['calls']:,} calls on distinct predictions",
+            f"4. Memory, {m['calls']:,} calls on distinct predictions (isolation=\"{m.get('isolation', 'thread')}\")",
             f"RSS {marks} MB at {calls} calls; peak {adapter[-1]['peak_mb']:.1f} MB "
-            f"({m['adapter']['seconds']:.0f} s)",
+            f"({m['adapter']['seconds']:.0f} s)" + (
+                f"; worker process RSS {' → '.join(f'{r[_W]:.1f}' for r in adapter)} MB" if _W in adapter[0] else ""),
             f"bare `score()`: RSS {bare_marks} MB; "
             f"peak {bare[-1]['peak_mb']:.1f} MB",
             f"{m['adapter_growth_mb']:+.1f} MB from {_count(adapter[0]['calls'])} to {_count(adapter[-1]['calls'])} "
             f"calls; peak {m['over_baseline_mb']:+.1f} MB over the baseline",
             f"flat (bounded memo): {_met(m['target_met'])}",
         ))
+    if "predict" in doc:
+        p = doc["predict"]
+        native, ratio = p["native"], p["ratio"]
+        best = f", best of {p['rounds']} processes each" if p["rounds"] > 1 else ""
+        out.append((
+            f"5. `dspy.Predict` on `DummyLM`, per call (median of {p['calls']:,} calls, a fresh process per "
+            f"variant{best})",
+            f"plain metric loaded: {_us(p['plain']['median_us'])} ({ratio['plain']:.2f}×); "
+            f"`reward()` metric loaded: {_us(p['measuring']['median_us'])} ({ratio['measuring']:.2f}×)",
+            f"no metric loaded (DSPy alone): {_us(native['median_us'])}; DSPy with one no-op callback: "
+            f"{_us(p['noop_callback']['median_us'])} ({ratio['noop_callback']:.2f}×)",
+            f"plain {p['plain']['median_us'] - native['median_us']:+,.1f} µs, `reward()` "
+            f"{p['measuring']['median_us'] - native['median_us']:+,.1f} µs; DSPy callbacks installed: plain "
+            f"{p['plain']['dspy_callbacks']}, `reward()` {p['measuring']['dspy_callbacks']}",
+            f"≤ {p['target_ratio']['plain']:g}× native plain: {_met(p['target_met']['plain'])}; "
+            f"≤ {p['target_ratio']['measuring']:g}× measuring: {_met(p['target_met']['measuring'])}",
+        ))
+    if "isolation" in doc:
+        i = doc["isolation"]
+
+        def timing6(part: dict[str, Any]) -> str:
+            return f"median {_us(part['median_us'])}, p90 {_us(part['p90_us'])}"
+
+        process, thread = i["process"], i["thread"]
+        out.append((
+            f"6. Per-call overhead of the isolation, `metric.score(input, output, expected)` from another thread "
+            f"({i['calls']:,} calls each, exact match)",
+            f"process: {timing6(process)}; thread: {timing6(thread)}",
+            f"bare `score()`: {timing6(i['bare'])}",
+            f"process +{_us(process['overhead_median_us'])} median, +{_us(process['overhead_p90_us'])} p90; "
+            f"thread +{_us(thread['overhead_median_us'])} median, +{_us(thread['overhead_p90_us'])} p90",
+            f"process ≤ {i['target_us']:g} µs median: {_met(i['target_met'])}",
+        ))
+        pebble = i.get("pebble")
+        if pebble is not None:
+            out.append((
+                f"6b. Reference: pebble {i.get('pebble_version') or ''} `ProcessPool` round trip of a trivial "
+                f"function (1 worker, 60 s task timeout, same loop)".replace("  ", " "),
+                f"isolation=\"process\": {timing6(process)}",
+                f"pebble: {timing6(pebble)}",
+                f"pebble's round trip alone is {pebble['median_us'] / process['median_us']:.2f}× the process "
+                f"isolation's whole call ({pebble['median_us'] - process['median_us']:+,.1f} µs median)",
+                "reference only",
+            ))
+    if "cpu_bound" in doc:
+        c = doc["cpu_bound"]
+        proc, thr = c["process"], c["thread"]
+        best = f", best of {c['repeats']}" if c["repeats"] > 1 else ""
+        out.append((
+            f"7. CPU-bound metric ({c['bare_ms_per_call']:.1f} ms of pure Python per call), `dspy.Evaluate("
+            f"num_threads={c['threads']})`, {c['examples']} examples, {c['usable_cores']} cores{best}",
+            f"isolation=\"process\": {proc['examples_per_s']:.1f} examples/s ({c['process_workers']} worker "
+            f"processes; this process {proc['parent_cpu_ms_per_example']:.1f} ms CPU per example)",
+            f"isolation=\"thread\": {thr['examples_per_s']:.1f} examples/s ({thr['parent_cpu_ms_per_example']:.1f} ms "
+            "CPU per example)",
+            f"processes {c['speedup']:.2f}× threads",
+            f"≥ {c['target_speedup']:g}× on 2 cores: {_met(c['target_met'])}",
+        ))
     return out
+
+
+_W = "workers_rss_mb"
 
 
 def _score(run: dict[str, Any], which: str = "baseline") -> str:
@@ -232,7 +338,7 @@ def _count(calls: int) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The markdown table of the four benchmarks, with the machine it ran on."""
+    """The markdown table of the benchmarks run, with the machine it ran on."""
     from benchmarks import machine
 
     head = ("benchmark", "skynet-dspy", "baseline", "difference", "target")
@@ -252,11 +358,12 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(f"| {mine['threads']} | {mine['examples_per_s']:.1f} | {mine['speedup']:.1f}× | "
                          f"{mine['cpu_ms_per_example']:.1f} | {theirs['examples_per_s']:.1f} | "
                          f"{theirs['speedup']:.1f}× | {theirs['cpu_ms_per_example']:.1f} |")
-    for where in ("main_thread", "worker_thread"):
-        found = doc.get("overhead", {}).get(where, {}).get("profile")
-        if found:
-            lines += ["", "Where the adapter's time goes (cProfile, own time per call, by module):", ""]
-            lines += [f"    {line}" for line in found["by_module_text"].splitlines()]
+    for isolation in doc.get("overhead", {}).get("isolations", ()):
+        for where in ("main_thread", "worker_thread"):
+            found = doc["overhead"][where][isolation].get("profile")
+            if found:
+                lines += ["", "Where the adapter's time goes (cProfile, own time per call, by module):", ""]
+                lines += [f"    {line}" for line in found["by_module_text"].splitlines()]
     return "\n".join(lines)
 
 
@@ -277,9 +384,10 @@ def _only(text: str) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--only takes benchmark numbers 1-4, comma-separated, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--only takes benchmark numbers {ALL[0]}-{ALL[-1]}, comma-separated, got {text!r}") from None
     if not values or not set(values) <= set(ALL):
-        raise argparse.ArgumentTypeError(f"--only takes benchmark numbers 1-4, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--only takes benchmark numbers {ALL[0]}-{ALL[-1]}, got {text!r}")
     return values
 
 
@@ -307,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=_threads, help="3: thread counts (default 1,2,4,8,16)")
     parser.add_argument("--repeats", type=_positive(int), help="3: runs per point, the fastest counts (default 2)")
     parser.add_argument("--memory-calls", type=_positive(int), help="4: adapter calls (default 1,000,000)")
+    parser.add_argument("--predict-calls", type=_positive(int), help="5: Predict calls per process (default 3,000)")
+    parser.add_argument("--predict-rounds", type=_positive(int), help="5: fresh processes per variant (default 3)")
+    parser.add_argument("--isolation-calls", type=_positive(int), help="6: calls per isolation (default 20,000)")
+    parser.add_argument("--cpu-examples", type=_positive(int), help="7: examples per isolation (default 200)")
     parser.add_argument("--profile", type=int, default=20_000, metavar="N",
                         help="1: when the overhead target is missed, profile N adapter calls (0: never)")
     parser.add_argument("--out", type=Path, help=f"where to write the JSON (default {LATEST}; --quick: nowhere)")
@@ -315,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     overrides = {"calls": args.calls, "gepa_budget": args.gepa_budget, "examples": args.examples,
                  "delay": args.delay, "threads": args.threads, "repeats": args.repeats,
-                 "memory_calls": args.memory_calls}
+                 "memory_calls": args.memory_calls, "predict_calls": args.predict_calls,
+                 "predict_rounds": args.predict_rounds, "isolation_calls": args.isolation_calls,
+                 "cpu_examples": args.cpu_examples}
     sizes = Sizes(**{**asdict(sizes), **{key: value for key, value in overrides.items() if value is not None}})
     doc = run(sizes, args.only, profile_calls=max(0, args.profile) if not args.quick else min(args.profile, 2000))
     print(table(doc))

@@ -111,7 +111,7 @@ def _warm_up(program: dspy.Module, example: dspy.Example, where: str) -> None:
     try:
         program(**example.inputs())
     except Exception as exc:
-        from skynet_dspy._secrets import redact
+        from skynet_dspy._core.secrets import redact
 
         raise SystemExit(f"Could not run the program on {where}: {redact(f'{type(exc).__name__}: {exc}')}") from None
 
@@ -167,7 +167,7 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
     optimizer = skynet_dspy.gepa(
         METRIC,
         reflection_lm,
-        metric_options={"output_fields": "label"},
+        output_fields="label",
         max_metric_calls=budget,
         seed=seed,
         num_threads=4,

@@ -3,63 +3,108 @@
     metric = skynet_dspy.load_metric("metric.py")
     dspy.Evaluate(devset=dev, metric=metric)(program)
     dspy.GEPA(metric=metric, reflection_lm=lm, auto="light").compile(program, trainset=train)
+
+Importing this package is light: it loads the DSPy-free core and the `skynet` helper module, and
+registers that module as `skynet` for metric files. Everything that needs DSPy, GEPA or LiteLLM is
+imported on first use of its name.
 """
 
-import os as _os
+from __future__ import annotations
 
-# LiteLLM fetches its price list from the internet at import and retries for seconds when
-# offline; the bundled copy is what we price with anyway.
+import importlib
+import os as _os
+import sys as _sys
+from typing import TYPE_CHECKING, Any
+
+# LiteLLM fetches its price list from the internet at import and retries for seconds when offline; the
+# bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (see the README):
+# set LITELLM_LOCAL_MODEL_COST_MAP=False before importing skynet_dspy to keep LiteLLM's download.
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from . import helpers  # noqa: E402
-from ._adapter import Metric, Score, load_metric  # noqa: E402
-from ._check import CheckItem, ContractReport, check_contract  # noqa: E402
-from ._contract import ContractViolation, Result, validate_return  # noqa: E402
-from ._loading import MetricLoadError  # noqa: E402
-from ._measure import Observation  # noqa: E402
-from ._models import JudgeUsage, LLMCallError, ModelNotConfigured, configure_llm  # noqa: E402
-from ._reward import RewardSpecError  # noqa: E402
+from . import skynet  # noqa: E402
+from ._core.contract import validate_return  # noqa: E402
+from ._core.types import Failure, JudgeUsage, Observation, Result  # noqa: E402
+from .errors import (  # noqa: E402
+    ContractViolation,
+    LLMCallError,
+    MetricLoadError,
+    MissingExtra,
+    ModelNotConfigured,
+    OutsideMetricCall,
+    RewardSpecError,
+    SkynetDspyError,
+    SpendCapReached,
+    WorkerError,
+)
 
-helpers.register()
+if _sys.modules.get("skynet") is not skynet:
+    _sys.modules["skynet"] = skynet
+helpers = skynet  # the older name of the same module
 
-# Entry points whose modules pull in GEPA / LiteLLM load on first use, keeping `import skynet_dspy` fast.
+if TYPE_CHECKING:
+    from ._check import CheckItem, ContractReport, check_contract
+    from ._dspy.metric import Metric, Score, load_metric
+    from ._dspy.optimize import gepa
+    from ._gepa import make_evaluator, optimize_anything, split_row
+    from ._judge import configure_llm
+
+# Public names whose modules pull in DSPy, GEPA or LiteLLM: imported on first use.
 _LAZY = {
-    "gepa": "._optimize",
-    "optimize_anything": "._anything",
-    "split_row": "._anything",
-    "make_evaluator": "._anything",
+    "CheckItem": "._check",
+    "ContractReport": "._check",
+    "check_contract": "._check",
+    "Metric": "._dspy.metric",
+    "Score": "._dspy.metric",
+    "load_metric": "._dspy.metric",
+    "gepa": "._dspy.optimize",
+    "make_evaluator": "._gepa",
+    "optimize_anything": "._gepa",
+    "split_row": "._gepa",
+    "configure_llm": "._judge",
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
 
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
-    "check_contract",
     "CheckItem",
-    "configure_llm",
     "ContractReport",
     "ContractViolation",
-    "gepa",
-    "helpers",
+    "Failure",
     "JudgeUsage",
     "LLMCallError",
-    "load_metric",
-    "make_evaluator",
     "Metric",
     "MetricLoadError",
+    "MissingExtra",
     "ModelNotConfigured",
     "Observation",
-    "optimize_anything",
+    "OutsideMetricCall",
     "Result",
     "RewardSpecError",
     "Score",
+    "SkynetDspyError",
+    "SpendCapReached",
+    "WorkerError",
+    "check_contract",
+    "configure_llm",
+    "gepa",
+    "helpers",
+    "load_metric",
+    "make_evaluator",
+    "optimize_anything",
+    "skynet",
     "split_row",
     "validate_return",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

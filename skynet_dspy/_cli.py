@@ -1,15 +1,17 @@
-"""The command line: `skynet-dspy check METRIC.py --data CASES.jsonl [--timeout S]`."""
+"""The command line: `skynet-dspy check METRIC.py --data CASES.jsonl [options]`.
+
+Exit codes: 0 the contract holds, 1 it is broken, 2 bad arguments or unreadable files, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from ._contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
+from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -17,41 +19,6 @@ EXIT_INTERRUPTED = 130
 
 class UsageError(Exception):
     """Bad arguments or an unreadable file: reported in one line, exit code 2."""
-
-
-def _read_cases(path: Path) -> list[dict[str, Any]]:
-    """The cases of a JSONL file, each checked; UsageError naming the file and line otherwise."""
-    from ._check import parse_case
-
-    if path.is_dir():
-        raise UsageError(f"the data file {path} is a folder; give the path of a .jsonl file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise UsageError(f"data file not found: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"the data file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
-    cases = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            case = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object "
-                'per line, like {"input": {...}, "expected": {...}}'
-            ) from None
-        try:
-            parse_case(case)
-        except ValueError as exc:
-            raise UsageError(f"{path}, line {number}: {exc}") from None
-        cases.append(case)
-    if not cases:
-        raise UsageError(f"the data file {path} holds no cases; write one JSON object per line")
-    return cases
 
 
 def _timeout(text: str) -> float:
@@ -70,35 +37,102 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _count(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of cases, 1 or more")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA."
-    )
+    parser = argparse.ArgumentParser(prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA.")
     parser.add_argument("--version", action="version", version=f"skynet-dspy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser(
         "check",
         help="check that a metric.py keeps the metric contract",
-        description="Run METRIC.py on the first three cases of CASES.jsonl and report, item by item, whether "
-        "it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad arguments.",
+        description="Run METRIC.py on the first cases of CASES.jsonl (3 by default) and report, item by item, "
+        "whether it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad arguments.",
     )
     check.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
     check.add_argument(
         "--data", type=Path, required=True, metavar="CASES.jsonl",
-        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", '
-        "the expected values are scored as the output",
+        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", the expected '
+        "values are scored as the output. Flat rows ({\"ticket\": ..., \"label\": ...}) with --inputs",
     )
+    check.add_argument(
+        "--inputs", type=_names, default=None, metavar="NAME[,NAME...]",
+        help="read flat rows: these keys are the input fields, every other key an expected value",
+    )
+    how_many = check.add_mutually_exclusive_group()
+    how_many.add_argument("--cases", type=_count, default=3, metavar="N", help="check the first N cases (default 3)")
+    how_many.add_argument("--all", action="store_true", help="check every case")
     check.add_argument(
         "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
         help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
     )
     check.add_argument(
         "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
-        help="the expected fields that make up an output, when expected holds more (an id, a note)",
+        help="the fields a program's output holds (some may have no expected value, e.g. a confidence)",
     )
+    check.add_argument(
+        "--metric-lm", default=None, metavar="MODEL",
+        help="the model llm() calls, any LiteLLM model string (its key from the environment, as LiteLLM reads it)",
+    )
+    check.add_argument("--api-base", default=None, metavar="URL", help="an OpenAI-compatible base URL for --metric-lm")
+    check.add_argument(
+        "--isolation", choices=("process", "thread"), default="process",
+        help="where score runs: worker processes (default) or threads of this process",
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
     return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ._check import check_contract, read_jsonl
+
+    if args.metric.is_dir():
+        raise UsageError(f"{args.metric} is a folder; give the path of the metric file, e.g. metric.py")
+    if not args.metric.is_file():
+        raise UsageError(f"metric file not found: {args.metric}")
+    if args.api_base and not args.metric_lm:
+        raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
+    rows = read_jsonl(args.data, args.inputs)
+    options: dict[str, Any] = {
+        "timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation
+    }
+    if args.metric_lm:
+        model: Any = args.metric_lm
+        if args.api_base:
+            model = {"model": args.metric_lm, "api_base": args.api_base}
+        options["metric_lm"] = model
+    progress = _progress() if not args.json else None
+    with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
+        report = check_contract(
+            args.metric, rows, max_cases=None if args.all else args.cases, inputs=args.inputs, progress=progress,
+            **options,
+        )
+    print(report.to_json() if args.json else report)
+    return EXIT_OK if report.ok else EXIT_BROKEN
+
+
+def _progress() -> Any:
+    """A progress line on stderr for checks that take a while (a judge, a slow metric); silent when quick."""
+    import time
+
+    started = time.monotonic()
+
+    def show(done: int, planned: int) -> None:
+        if time.monotonic() - started > 1.0 and sys.stderr.isatty():
+            end = "\n" if done == planned else "\r"
+            print(f"skynet-dspy check: {done}/{planned} calls", end=end, file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,24 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed usage and the error (or --help / --version)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    try:
-        if args.metric.is_dir():
-            raise UsageError(f"{args.metric} is a folder; give the path of the metric file, e.g. metric.py")
-        if not args.metric.is_file():
-            raise UsageError(f"metric file not found: {args.metric}")
-        cases = _read_cases(args.data)
-        from ._check import check_contract
+    from ._check import DataError
 
-        with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
-            report = check_contract(args.metric, cases, timeout=args.timeout, output_fields=args.output_fields)
-    except (UsageError, ValueError) as exc:  # check_contract's ValueErrors name a bad option or case
+    try:
+        return _check(args)
+    except (UsageError, DataError, ValueError, TypeError) as exc:  # check_contract's errors name a bad option or case
         print(f"skynet-dspy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("skynet-dspy: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(report)
-    return EXIT_OK if report.ok else EXIT_BROKEN
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Shared fixtures: the loopback model server and a dspy.LM pointed at it."""
+"""Shared fixtures: the loopback model server, a dspy.LM pointed at it, and a clean judge default per test."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 import pytest  # noqa: E402
 
-from skynet_dspy import _models  # noqa: E402
+from skynet_dspy._core import context  # noqa: E402
+from skynet_dspy._judge import judge  # noqa: E402
 from skynet_dspy.devserver import DevServer  # noqa: E402
 
 METRICS = Path(__file__).parent / "metrics"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -37,4 +39,5 @@ def metrics_dir() -> Path:
 @pytest.fixture(autouse=True)
 def no_default_models(monkeypatch):
     """Each test starts with no process-default models for llm() (configure_llm), and leaves none behind."""
-    monkeypatch.setattr(_models, "_default", _models.Models())
+    monkeypatch.setattr(judge, "_default", None)
+    monkeypatch.setattr(context, "_default_llm", None)

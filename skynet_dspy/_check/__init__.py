@@ -1,0 +1,208 @@
+"""The contract check: run a metric on a few cases and say, item by item, what is wrong (SPEC §7).
+
+cases.py reads the cases, items.py judges each item from the calls made, report.py writes the report.
+Problems with the metric are reported, never raised; only bad arguments raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from pathlib import Path
+from typing import Any
+
+from .._core.types import Item, Result, Status
+from .._core.values import shorten, whole_number
+from ..errors import MetricLoadError, RewardSpecError, WorkerError
+from .cases import CASES_CHECKED, Case, DataError, cases, parse_case, read_jsonl
+from .items import STOPPING, all_items
+from .report import Call as Call
+from .report import CaseRun, CheckItem, ContractReport, Role
+
+__all__ = [
+    "CASES_CHECKED",
+    "CaseRun",
+    "CheckItem",
+    "ContractReport",
+    "DataError",
+    "check_contract",
+    "parse_case",
+    "read_jsonl",
+]
+
+Progress = Callable[[int, int], None]  # (calls done, calls planned)
+
+
+def check_contract(
+    source: Any,
+    examples: Iterable[Any],
+    *,
+    max_cases: int | None = CASES_CHECKED,
+    inputs: Sequence[str] | None = None,
+    progress: Progress | None = None,
+    **options: Any,
+) -> ContractReport:
+    """Run the metric on the first `max_cases` examples (3; None: all) and report every contract item.
+
+    `source` is what load_metric takes (or a Metric); `examples` are dspy.Examples, dicts {"input": {...},
+    "output": ..., "expected": {...} | None}, or flat rows when `inputs` names the input fields. When a case
+    has no output, its expected values serve as the output. Options are load_metric's (timeout=60 s, at most
+    600; isolation="process"). `progress(done, planned)` is called after each call.
+    """
+    from .._dspy.metric import Metric, load_metric, reject_options_for_loaded
+
+    given_metric = isinstance(source, Metric)
+    if given_metric:
+        reject_options_for_loaded("check_contract()", source, options)
+    if max_cases is not None:
+        whole_number("max_cases", max_cases, minimum=1, unit="cases")
+    checked = cases(examples, max_cases, inputs)
+    report = ContractReport(source.info.label if given_metric else _source_name(source))
+    if isinstance(examples, Sized):  # a generator is never read past the cases checked
+        report.not_run = max(0, len(examples) - len(checked))
+    try:
+        metric = source if given_metric else load_metric(source, **{"measure": False, **options})
+    except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
+        _add_load_failure(report, exc)
+        return report
+    try:
+        info = metric.info
+        report.items.append(CheckItem(Item.LOADS, Status.PASSED, f"loaded {report.metric}"))
+        arity = "score(input, output, expected)" if info.takes_expected else "score(input, output)"
+        hint = f"; but {info.hint}" if info.hint else ""
+        status = Status.WARNING if hint else Status.PASSED
+        report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))
+        if info.reward_spec is not None:
+            report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
+        with _adapter_warnings_silenced():
+            _run_calls(metric, checked, report, progress)
+        report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields))
+        if not report.calls:
+            _nothing_to_score(report, checked, metric.output_fields)
+    finally:
+        if not given_metric:
+            metric.close()
+    return report
+
+
+def _nothing_to_score(report: ContractReport, checked: list[Case], output_fields: Any) -> None:
+    """No call could be made: say why, and name the likely typo in output_fields."""
+    from .._core.values import closest
+
+    labels = sorted({str(key) for case in checked for key in (case.expected or {})})
+    hint = ""
+    if output_fields:
+        guess = closest(output_fields[0], labels)
+        hint = f" (did you mean {guess!r}?)" if guess and guess not in output_fields else ""
+    message = (
+        "no call could be made: no case gives an 'output', and no case's expected values hold the output fields "
+        f"{', '.join(output_fields or [])}{hint} (labels present: {', '.join(labels) or 'none'}). Give cases an "
+        "'output', or name output fields the labels hold"
+    )
+    report.items = [
+        CheckItem(Item.RETURN_VALUE, Status.FAILED, message) if item.name == Item.RETURN_VALUE else item
+        for item in report.items
+    ]
+
+
+def _source_name(source: Any) -> str:
+    if isinstance(source, (str, Path)):
+        return str(source)
+    return getattr(source, "__file__", None) or getattr(source, "__qualname__", None) or shorten(source, 80)
+
+
+def _add_load_failure(report: ContractReport, exc: BaseException) -> None:
+    failed_at = getattr(exc, "item", Item.LOADS)  # MetricLoadError and RewardSpecError name theirs
+    reached = False
+    for name in Item:
+        if name is failed_at:
+            report.items.append(CheckItem(name, Status.FAILED, str(exc)))
+            reached = True
+        elif name is Item.REWARD_SPEC:
+            continue  # only shown when the metric defines REWARD_SPEC, which is unknown here
+        elif not reached:
+            message = f"loaded {report.metric}" if name is Item.LOADS else "ok"
+            report.items.append(CheckItem(name, Status.PASSED, message))
+        else:
+            report.items.append(CheckItem(name, Status.NOT_RUN, f"not run: {failed_at} failed"))
+
+
+@contextlib.contextmanager
+def _adapter_warnings_silenced() -> Iterator[None]:
+    """Hold back the scorer's "metric failed, the run goes on" log lines: the report says it better."""
+    logger = logging.getLogger("skynet_dspy")
+    thread = threading.get_ident()
+
+    def from_other_threads(record: logging.LogRecord) -> bool:
+        return record.thread != thread
+
+    logger.addFilter(from_other_threads)
+    try:
+        yield
+    finally:
+        logger.removeFilter(from_other_threads)
+
+
+def _plan(checked: list[Case], perfects: list[Any]) -> list[list[tuple[Role, Any, int | None]]]:
+    """For each case, the calls to make: its given output, its expected values as output (the perfect answer),
+    and, with no output given, another case's expected values (a wrong answer)."""
+    plans = []
+    for number, case in enumerate(checked):
+        plan: list[tuple[Role, Any, int | None]] = []
+        if case.has_output:
+            plan.append((Role.GIVEN, case.output, None))
+        if perfects[number] is not None:
+            plan.append((Role.PERFECT, perfects[number], None))
+        if not case.has_output:
+            other = _contrast(perfects, number)
+            if other is not None:
+                plan.append((Role.CONTRAST, perfects[other], other + 1))
+        plans.append(plan)
+    return plans
+
+
+def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progress: Progress | None) -> None:
+    """Make the planned calls, stopping at the first that does not return in time."""
+    from .._dspy.translate import perfect_output
+
+    perfects = [perfect_output(case.expected, metric.output_fields) for case in checked]
+    plans = _plan(checked, perfects)
+    planned = sum(len(plan) for plan in plans)
+    done = 0
+    for number, (case, plan) in enumerate(zip(checked, plans, strict=True), 1):
+        runs: dict[Role, Result] = {}
+        for role, output, source_case in plan:
+            started = time.perf_counter()
+            result = metric.score(case.input, output, case.expected)
+            call = Call(number, role, output, result, time.perf_counter() - started, source_case)
+            report.calls.append(call)
+            runs[role] = result
+            done += 1
+            if progress is not None:
+                progress(done, planned)
+            if result.failure in STOPPING:
+                break
+        report.cases.append(CaseRun(
+            case.input, case.expected, case.output if case.has_output else perfects[number - 1],
+            runs.get(Role.GIVEN), runs.get(Role.PERFECT), runs.get(Role.CONTRAST),
+        ))
+        if any(result.failure in STOPPING for result in runs.values()):
+            return
+
+
+def _contrast(perfects: list[Any], index: int) -> int | None:
+    """The index of another case whose expected values differ from this case's, to score as a wrong output."""
+    if perfects[index] is None:
+        return None
+    for offset in range(1, len(perfects)):
+        other = (index + offset) % len(perfects)
+        if perfects[other] is not None:
+            try:
+                if perfects[other] != perfects[index]:
+                    return other
+            except Exception:  # values whose == raises or is ambiguous (arrays) are skipped
+                continue
+    return None

@@ -1,0 +1,156 @@
+"""The cases a contract check runs the metric on: dspy.Examples, case dicts, or lines of a JSONL file.
+
+A case is {"input": {...}, "output": ..., "expected": {...} | None}; without "output", the expected
+values serve as the output. A flat row ({"ticket": ..., "label": ...}) becomes a case when the input
+fields are named (`inputs=`): the other keys are the expected values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._core.values import shorten
+
+CASES_CHECKED = 3
+CASE_KEYS = ("input", "output", "expected")
+MAX_DATA_BYTES = 512 * 2**20  # a data file larger than this is refused (an endless file, a device)
+
+
+class DataError(ValueError):
+    """A case or a data file that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case, checked: its input, expected values (or None) and output (when it gives one)."""
+
+    input: dict[str, Any]
+    expected: dict[str, Any] | None
+    output: Any
+    has_output: bool
+
+
+def parse_case(example: Any, inputs: Sequence[str] | None = None) -> Case:
+    """A dspy.Example, a case dict, or (with `inputs`) a flat row, checked; a DataError saying what is wrong."""
+    import dspy
+
+    from .._dspy.translate import split_example
+
+    if isinstance(example, dspy.Example):
+        input_values, expected = split_example(example)
+        return Case(input_values, expected, None, False)
+    if not isinstance(example, dict):
+        raise DataError(
+            "each case must be a dspy.Example or a dict {'input': {...}, 'output': ..., 'expected': {...}}; "
+            f"got {shorten(example)}"
+        )
+    if inputs is not None:
+        return _flat_row(example, inputs)
+    unknown = [str(key) for key in example if key not in CASE_KEYS]
+    if unknown:
+        raise DataError(
+            f"a case has unknown key(s) {', '.join(map(repr, unknown))}; a case holds 'input', and 'output' and/or "
+            "'expected' (for flat rows such as {\"ticket\": ..., \"label\": ...}, name the input fields: "
+            "--inputs ticket, or inputs=['ticket'])"
+        )
+    if "input" not in example:
+        raise DataError(f"a case has no 'input' (a dict of the example's input fields); got {shorten(example)}")
+    if not isinstance(example["input"], dict):
+        raise DataError(f"a case's 'input' must be a dict of input fields, got {shorten(example['input'])}")
+    expected = example.get("expected")
+    if expected is not None and not isinstance(expected, dict):
+        raise DataError(f"a case's 'expected' must be a dict keyed by output column, or null; got {shorten(expected)}")
+    if "output" not in example and not expected:
+        raise DataError(
+            f"a case needs an 'output' to score, or 'expected' values to use as the output; got {shorten(example)}"
+        )
+    return Case(example["input"], expected or None, example.get("output"), "output" in example)
+
+
+def _flat_row(row: dict[str, Any], inputs: Sequence[str]) -> Case:
+    missing = [name for name in inputs if name not in row]
+    if missing:
+        raise DataError(
+            f"the row has no input field {', '.join(map(repr, missing))} (fields present: "
+            f"{', '.join(map(repr, row)) or 'none'})"
+        )
+    expected = {key: value for key, value in row.items() if key not in inputs}
+    if not expected:
+        raise DataError("the row holds only input fields: nothing to use as the expected values or the output")
+    return Case({name: row[name] for name in inputs}, expected, None, False)
+
+
+def cases(
+    examples: Iterable[Any], limit: int | None = CASES_CHECKED, inputs: Sequence[str] | None = None
+) -> list[Case]:
+    """The first `limit` examples (all of them with None) as checked Cases."""
+    if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, Iterable):
+        raise TypeError(
+            "check_contract() takes a list of cases (dspy.Examples or dicts with 'input', 'output', 'expected'); "
+            f"got {type(examples).__name__}"
+        )
+    chosen = examples if limit is None else itertools.islice(examples, limit)
+    found = [parse_case(example, inputs) for example in chosen]
+    if not found:
+        raise DataError("check_contract() needs at least one case to run the metric on; it got none")
+    return found
+
+
+def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of a JSONL file, each checked as a case; a DataError naming the file and line otherwise.
+
+    Lines end at '\\n' only (a string may hold U+2028). A FIFO, a device or an endless file is refused,
+    and so is JSON nested too deeply to read.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    except OSError as exc:
+        raise DataError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise DataError(f"the data file {path} is a folder; give the path of a .jsonl file")
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"the data file {path} is not a regular file (a pipe or a device); save the cases to a file")
+    if info.st_size > MAX_DATA_BYTES:
+        raise DataError(f"the data file {path} is over {MAX_DATA_BYTES // 2**20} MB; split it")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_DATA_BYTES + 1)
+    except OSError as exc:
+        raise DataError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DATA_BYTES:
+        raise DataError(f"the data file {path} grew past {MAX_DATA_BYTES // 2**20} MB while it was read")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"the data file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    rows = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object per "
+                'line, like {"input": {...}, "expected": {...}}'
+            ) from None
+        except RecursionError:
+            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
+        try:
+            parse_case(row, inputs)
+        except DataError as exc:
+            raise DataError(f"{path}, line {number}: {exc}") from None
+        except RecursionError:
+            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
+        rows.append(row)
+    if not rows:
+        raise DataError(f"the data file {path} holds no cases; write one JSON object per line")
+    return rows

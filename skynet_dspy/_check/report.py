@@ -1,0 +1,222 @@
+"""The contract check's report: one line per item, the calls it made, a verdict; as text, HTML and JSON.
+
+Every text is redacted before it is escaped or wrapped, so no credential survives in any form.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import textwrap
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .._core import secrets
+from .._core.types import Failure, Item, Result, Status
+from .._core.values import clip
+
+_WIDTH = 120
+_MARKS = {Status.PASSED: " ok ", Status.FAILED: "FAIL", Status.WARNING: "warn", Status.NOT_RUN: " -- "}
+_COLORS = {Status.PASSED: "#1a7f37", Status.FAILED: "#cf222e", Status.WARNING: "#9a6700", Status.NOT_RUN: "#6e7781"}
+_CELL = "text-align:left;vertical-align:top;white-space:pre-wrap"
+
+
+class Role(StrEnum):
+    """What a call of the check gave score as the output."""
+
+    GIVEN = "given"  # the case's own output
+    PERFECT = "perfect"  # the case's expected values
+    CONTRAST = "contrast"  # another case's expected values
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One line of the report: an item of the contract, its status and why."""
+
+    name: str
+    status: Status
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status in (Status.PASSED, Status.WARNING)
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """The metric's results on one case.
+
+    `output` is the case's given output, or its expected values when it gave none. `result` is the
+    score of the given output (None when there was none), `perfect` that of the expected values as
+    output, `contrast` that of another case's expected values (tried when the case gave no output).
+    """
+
+    input: dict[str, Any]
+    expected: dict[str, Any] | None
+    output: Any
+    result: Result | None
+    perfect: Result | None
+    contrast: Result | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of `score` made by the check."""
+
+    case: int  # 1-based
+    role: Role
+    output: Any
+    result: Result
+    seconds: float
+    source_case: int | None = None  # for CONTRAST: the case whose expected values were given
+
+    @property
+    def label(self) -> str:
+        """Which call this was, in words: 'case 2, given output'."""
+        what = {
+            Role.GIVEN: "given output",
+            Role.PERFECT: "expected values as output",
+            Role.CONTRAST: f"case {self.source_case}'s expected values as output",
+        }[self.role]
+        return f"case {self.case}, {what}"
+
+    @property
+    def problem(self) -> str:
+        """What went wrong, in full (the check shows what an optimizer never sees: the message, the line)."""
+        detail = self.result.detail or self.result.feedback.rstrip(".")
+        if self.result.failure is Failure.INVALID:
+            return f"the return value broke the contract: {detail}"
+        return detail
+
+
+@dataclass
+class ContractReport:
+    """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`."""
+
+    metric: str
+    items: list[CheckItem] = field(default_factory=list)
+    cases: list[CaseRun] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    not_run: int = 0  # cases given but not checked (beyond the number asked for)
+
+    @property
+    def ok(self) -> bool:
+        """True when no item failed (warnings and items not run for lack of data do not count)."""
+        return not any(item.status is Status.FAILED for item in self.items)
+
+    def item(self, name: str | Item) -> CheckItem:
+        for item in self.items:
+            if item.name == name:
+                return item
+        raise KeyError(f"no check item named {name!r}; the items are: {', '.join(i.name for i in self.items)}")
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: does the contract hold, and what to look at."""
+        failed = [item.name for item in self.items if item.status is Status.FAILED]
+        warned = [item.name for item in self.items if item.status is Status.WARNING]
+        if failed:
+            return f"The contract is broken: {len(failed)} item(s) failed ({', '.join(failed)})."
+        if warned:
+            return f"The contract holds, with {len(warned)} warning(s) ({', '.join(warned)})."
+        return "The contract holds."
+
+    @property
+    def heading(self) -> str:
+        count = len(self.cases)
+        ran = f" on {count} case{'s' if count != 1 else ''}" if count else ""
+        skipped = f" ({self.not_run} more case{'s' if self.not_run != 1 else ''} not run; --all runs every case)" if (
+            self.not_run
+        ) else ""
+        return f"Contract check of {self.metric}{ran}{skipped}"
+
+    def __str__(self) -> str:
+        width = max((len(item.name) for item in self.items), default=0)
+        lines = [self.heading, ""]
+        indent = " " * (width + 11)
+        for item in self.items:
+            head = f"  [{_MARKS[item.status]}] {item.name.ljust(width)}  "
+            lines.extend(_wrap(secrets.redact(item.message), head, indent))
+        if self.calls:
+            lines.append("")
+            lines.append("Calls:")
+            label_width = max(len(call.label) for call in self.calls)
+            room = max(40, _WIDTH - label_width - 14)
+            for call in self.calls:
+                shown = _score_text(call.result)
+                feedback = " ".join(secrets.redact(call.result.feedback).split())
+                lines.append(f"  {call.label.ljust(label_width)}  {shown.ljust(9)} {clip(feedback, room)}")
+        lines.append("")
+        lines.append(self.verdict)
+        return secrets.redact("\n".join(lines))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        def cell(text: str, style: str = "") -> str:
+            return f"<td style='{_CELL};{style}'>{html.escape(secrets.redact(text))}</td>"
+
+        rows = "".join(
+            f"<tr>{cell(item.name)}{cell(str(item.status), f'color:{_COLORS[item.status]};font-weight:bold')}"
+            f"{cell(item.message)}</tr>"
+            for item in self.items
+        )
+        calls = "".join(
+            f"<tr>{cell(call.label)}{cell(_score_text(call.result))}{cell(clip(call.result.feedback, 2000))}</tr>"
+            for call in self.calls
+        )
+        head = "".join(f"<th style='text-align:left'>{name}</th>" for name in ("item", "status", "message"))
+        calls_head = "".join(f"<th style='text-align:left'>{name}</th>" for name in ("call", "score", "feedback"))
+        calls_table = (
+            f"<details><summary>Calls</summary><table><thead><tr>{calls_head}</tr></thead><tbody>{calls}</tbody>"
+            "</table></details>"
+            if calls
+            else ""
+        )
+        color = _COLORS[Status.FAILED] if not self.ok else _COLORS[Status.PASSED]
+        return (
+            f"<div><p><b>{html.escape(secrets.redact(self.heading))}</b>: "
+            f"<span style='color:{color}'>{html.escape(secrets.redact(self.verdict))}</span></p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{calls_table}</div>"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (what `skynet-dspy check --json` prints)."""
+        return {
+            "metric": secrets.redact(self.metric),
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "cases_run": len(self.cases),
+            "cases_not_run": self.not_run,
+            "items": [
+                {"name": item.name, "status": str(item.status), "passed": item.passed,
+                 "message": secrets.redact(item.message)}
+                for item in self.items
+            ],
+            "calls": [
+                {"call": call.label, "score": call.result.score, "failure": call.result.failure,
+                 "feedback": secrets.redact(call.result.feedback), "seconds": round(call.seconds, 4)}
+                for call in self.calls
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=2)
+
+
+def _wrap(message: str, head: str, indent: str) -> list[str]:
+    lines: list[str] = []
+    for number, paragraph in enumerate(message.splitlines() or [""]):
+        wrapped = textwrap.wrap(
+            paragraph, _WIDTH, initial_indent=head if number == 0 else indent, subsequent_indent=indent,
+            break_long_words=False, break_on_hyphens=False,
+        )
+        lines.extend(wrapped or [(head if number == 0 else indent).rstrip()])
+    return lines
+
+
+def _score_text(result: Result) -> str:
+    if result.failure is not None:
+        return str(result.failure)
+    return f"{result.score:.4g}"

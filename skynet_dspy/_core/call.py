@@ -1,0 +1,154 @@
+"""One call of `score`, run where the metric runs (a worker process, or a thread with isolation="thread").
+
+Everything that touches what the metric returned or raised happens here, under the call's timeout:
+calling score, validating the return value, describing an exception. What leaves is an Outcome of
+plain values; the scorer (in the user's process) turns it into a Result.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from .context import LLMHandler, MetricCall, calling
+from .contract import CUT_MARGIN, check_return
+from .errors import ContractViolation, LLMCallError, ModelNotConfigured, SpendCapReached
+from .loading import LoadedMetric, signature_hint
+from .types import Failure, Observation, Outcome
+from .values import clip, exception_text
+
+
+class CallTimedOut(BaseException):
+    """Raised inside a `score` running in-process when its timeout has passed (isolation="thread").
+
+    A BaseException, like KeyboardInterrupt, so a metric's `except Exception:` does not swallow it.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """One call of score, in plain values: what the metric is given, and the program's measured run."""
+
+    input: dict[str, Any]
+    output: Any
+    expected: dict[str, Any] | None
+    observation: Observation | None = None
+    unmeasured_reason: str | None = None
+
+
+_JUDGE_KINDS: tuple[tuple[type[BaseException], Failure], ...] = (
+    (ModelNotConfigured, Failure.JUDGE_NOT_CONFIGURED),
+    (SpendCapReached, Failure.SPEND_CAP),
+    (LLMCallError, Failure.JUDGE_ERROR),
+)
+
+
+def run_call(
+    loaded: LoadedMetric,
+    request: CallRequest,
+    llm: LLMHandler | None,
+    feedback_limit: int,
+    contain_interrupts: bool = True,
+) -> Outcome:
+    """Call score on the request's values with the call's context set; validate or describe what came back.
+
+    Never raises for the metric's faults (SystemExit included). CallTimedOut always propagates, and
+    KeyboardInterrupt does too unless `contain_interrupts` (a worker process contains it; in the
+    user's own process a Ctrl-C must stop the run).
+    """
+    call = MetricCall(llm, request.observation, request.unmeasured_reason)
+    with calling(call):
+        try:
+            if loaded.takes_expected:
+                value = loaded.score(request.input, request.output, request.expected)
+            else:
+                value = loaded.score(request.input, request.output)
+        except CallTimedOut:
+            raise
+        except KeyboardInterrupt as exc:
+            if not contain_interrupts:
+                raise
+            return _raised(exc, loaded, request, call)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a metric is contained too
+            return _raised(exc, loaded, request, call)
+        try:
+            result = check_return(value, feedback_limit + CUT_MARGIN)
+        except ContractViolation as violation:
+            return _with_judge(
+                Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation)), call
+            )
+        except CallTimedOut:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - e.g. a returned object whose __float__ calls sys.exit
+            if isinstance(exc, KeyboardInterrupt) and not contain_interrupts:
+                raise
+            rule = "unreadable return value"
+            detail = f"{rule}: {type(exc).__name__} was raised while reading the return value"
+            return _with_judge(Outcome(failure=Failure.INVALID, rule=rule, detail=detail), call)
+    return _with_judge(Outcome(result=result), call)
+
+
+def _with_judge(outcome: Outcome, call: MetricCall) -> Outcome:
+    if not call.judge_problems:
+        return outcome
+    kind, message = call.judge_problems[0]
+    return Outcome(
+        result=outcome.result, failure=outcome.failure, detail=outcome.detail, rule=outcome.rule,
+        error_type=outcome.error_type, judge_problem=kind, judge_detail=message,
+    )
+
+
+def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call: MetricCall) -> Outcome:
+    """The Outcome of a score that raised: the kind, the exception type, and the full story for the user."""
+    kind = Failure.EXCEPTION
+    for exc_type, judge_kind in _JUDGE_KINDS:
+        if isinstance(exc, exc_type):
+            kind = judge_kind
+    if call.judge_problems and kind is Failure.EXCEPTION:  # the metric wrapped the judge's error in its own
+        kind = call.judge_problems[0][0]
+    text = exception_text(exc)
+    where = raised_at(exc, loaded)
+    detail = f"{where}: {text}" if where else text
+    hint = _hint(exc, text, loaded, request)
+    if hint:
+        detail += f". {hint}"
+    return _with_judge(Outcome(failure=kind, error_type=type(exc).__name__, detail=detail), call)
+
+
+def raised_at(exc: BaseException, loaded: LoadedMetric) -> str | None:
+    """'metric.py, line 12: `float(expected["x"])`': the last line of the metric's own code in the traceback."""
+    files = {name for name in (loaded.file, getattr(loaded.module, "__file__", None)) if name}
+    folders = {os.path.dirname(os.path.abspath(name)) for name in files}
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        filename = frame.filename or ""
+        if filename in files or (
+            filename.endswith(".py") and os.path.dirname(os.path.abspath(filename)) in folders
+        ):
+            found = frame
+    if found is None:
+        return None
+    code = (found.line or linecache.getline(found.filename, found.lineno or 0)).strip()
+    shown = f": `{clip(code, 100)}`" if code else ""
+    return f"{os.path.basename(found.filename)}, line {found.lineno}{shown}"
+
+
+def _hint(exc: BaseException, text: str, loaded: LoadedMetric, request: CallRequest) -> str | None:
+    """A sentence on a common mistake the exception points to, or None."""
+    if request.expected is None and "NoneType" in text:
+        return (
+            "This example has no labels, so score got expected=None: handle None, or give the example label fields"
+        )
+    if isinstance(exc, (TypeError, KeyError, IndexError)) and not isinstance(request.output, dict):
+        if "indices must be integers" in text or "not subscriptable" in text or isinstance(exc, KeyError):
+            return (
+                "When the program has one output field, `output` is that field's bare value, not a dict "
+                "(so output == expected['label'] works); pass output_fields=[...] naming several fields, or "
+                "to_output=..., to get a dict"
+            )
+    if isinstance(exc, (AttributeError, TypeError)):
+        return signature_hint(loaded.score)
+    return None

@@ -1,0 +1,218 @@
+"""The metric contract of SPEC §2: what `score` must return, and the plain Result it becomes.
+
+A broken rule is a ContractViolation whose `rule` is a fixed sentence (safe to show an optimizer: it
+holds nothing the metric chose) and whose message adds the offending value, for the user.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import replace
+from typing import Any
+
+from . import secrets
+from .errors import ContractViolation
+from .types import Result
+from .values import a_type, as_number, shorten
+
+DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = 600.0
+DEFAULT_FEEDBACK_LIMIT = 20_000
+MIN_FEEDBACK_LIMIT = 100
+MAX_NAMED_SCORES = 32
+MAX_SCORE_NAME_LENGTH = 64
+FEEDBACK_CUT_MARK = "[feedback cut:"
+# Feedback crossing from a worker is cut this far past the limit: the final cut comes after redaction,
+# so a key straddling the cut is still masked whole.
+CUT_MARGIN = 2_000
+_CUT_LENGTH = re.compile(r"it had ([\d,]+) characters")
+
+_PAIR = "(score, {'feedback': '...'})"
+
+
+def _type_of(value: Any) -> str:
+    """The type of `value` in words, naming only builtin and NumPy types (a class the metric defined may
+    carry a name it chose, which must not reach an optimizer)."""
+    module = type(value).__module__
+    return a_type(value) if module in ("builtins", "numpy") else "an object of a class of its own"
+
+
+def _violation(rule: str, advice: str, value: Any, note: str = "") -> ContractViolation:
+    """A ContractViolation: `rule` a short fixed name of the rule (safe for an optimizer); the message adds the
+    advice and the value, for the user."""
+    return ContractViolation(rule, value, f"{rule}: {advice}; score returned {shorten(value)}{note}")
+
+
+def _not_a_pair(value: Any) -> ContractViolation:
+    if as_number(value) is not None:
+        return _violation("no side information", f"return a pair {_PAIR}, not a bare score", value)
+    if value is None:
+        return _violation(
+            "no return value", f"score returned None, not a pair {_PAIR}: does every path end in a return?", value
+        )
+    if inspect.isgenerator(value) or inspect.iscoroutine(value):
+        try:
+            value.close()  # never run to the end: closing it spares the user a "never awaited" warning
+        except Exception:
+            pass
+        if inspect.iscoroutine(value):
+            return _violation("not a pair", "score returned a coroutine: define it with `def`, not `async def`", value)
+        return _violation(
+            "not a pair", "score returned a generator: return a tuple, not `yield` or a generator expression", value
+        )
+    return _violation("not a pair", f"the return value is {_type_of(value)}, not a pair {_PAIR}", value)
+
+
+def check_return(value: Any, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Result:
+    """Check one return value of `score` against SPEC §2 and turn it into a Result of plain values.
+
+    Raises ContractViolation naming the broken rule, and nothing else: a value whose own methods raise is
+    a violation too. Feedback longer than `feedback_limit` is cut with a note. No redaction here: the
+    caller redacts what it keeps (see validate_return).
+    """
+    try:
+        return _check(value, feedback_limit)
+    except ContractViolation:
+        raise
+    except Exception as exc:
+        raise _violation(
+            "unreadable return value", f"{type(exc).__name__} was raised while reading the return value", value
+        ) from None
+
+
+def validate_return(value: Any, *, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Result:
+    """Check a return value of `score` against the contract (SPEC §2) and give the Result it makes.
+
+    Raises ContractViolation (a ValueError) naming the broken rule. The feedback is redacted and cut
+    to `feedback_limit` characters with a note saying so.
+    """
+    result = check_return(value, feedback_limit + CUT_MARGIN)
+    return finish_feedback(result, feedback_limit)
+
+
+def finish_feedback(result: Result, feedback_limit: int) -> Result:
+    """`result` with its feedback redacted, then cut to the limit (in that order, so no part of a key survives)."""
+    text = cut_feedback(secrets.redact(result.feedback), feedback_limit)
+    return result if text == result.feedback else replace(result, feedback=text)
+
+
+def _check(value: Any, feedback_limit: int) -> Result:
+    # Reads go through the base classes' own methods (tuple.__len__, dict.__getitem__, str.__str__...), so
+    # subclasses that override them cannot change what is checked.
+    if isinstance(value, tuple):
+        size, item = tuple.__len__(value), tuple.__getitem__
+    elif isinstance(value, list):
+        size, item = list.__len__(value), list.__getitem__
+    else:
+        raise _not_a_pair(value)
+    if size != 2:
+        raise _violation("not exactly 2 items", f"return exactly {_PAIR}", value, f" ({size} items)")
+    raw_score, info = item(value, 0), item(value, 1)
+    if isinstance(raw_score, str):
+        raise _violation("score is a string", "return a number such as 0.8, not the text '0.8'", value)
+    number = as_number(raw_score)
+    if number is None:
+        raise _violation("score is not a number", f"the score is {_type_of(raw_score)}", value)
+    number = _finite(number, "score", value)
+    if not isinstance(info, dict):
+        raise _violation(
+            "side information is not a dict",
+            f"the second item is {_type_of(info)}; it must be {{'feedback': '...'}}",
+            value,
+        )
+    if not dict.__contains__(info, "feedback"):
+        raise _violation("no feedback string", "the dict has no 'feedback' key; add 'feedback': '...'", value)
+    feedback = dict.__getitem__(info, "feedback")
+    if not isinstance(feedback, str):
+        raise _violation("no feedback string", f"'feedback' is {_type_of(feedback)}, not a str", value)
+    scores = _named_scores(dict.__getitem__(info, "scores"), value) if dict.__contains__(info, "scores") else None
+    extra = {key: entry for key, entry in dict.items(info) if not (_is(key, "feedback") or _is(key, "scores"))}
+    return Result(number, cut_feedback(str.__str__(feedback), feedback_limit), scores, extra)
+
+
+def _finite(number: float, what: str, value: Any, name: str | None = None) -> float:
+    where = f" (the score {shorten(name, 70)})" if name is not None else ""
+    if math.isnan(number):
+        raise _violation(f"{what} is NaN", "return a finite number (NaN breaks every comparison)", value, where)
+    if math.isinf(number):
+        raise _violation(f"{what} is infinite", "return a finite number", value, where)
+    return number
+
+
+def _is(key: Any, name: str) -> bool:
+    """`key == name` for dict keys, asked of str itself so a key object's own __eq__ is never run."""
+    return isinstance(key, str) and str.__eq__(key, name) is True
+
+
+def _named_scores(scores: Any, value: Any) -> dict[str, float] | None:
+    if scores is None:
+        return None
+    if not isinstance(scores, dict):
+        raise _violation(
+            "scores is not a dict", f"'scores' is {_type_of(scores)}; map names to numbers, e.g. {{'format': 1.0}}",
+            value,
+        )
+    if dict.__len__(scores) > MAX_NAMED_SCORES:
+        raise _violation(
+            "too many named scores",
+            f"'scores' may hold at most {MAX_NAMED_SCORES} names (they reach the optimizer): keep the few that matter",
+            value,
+            f" ({dict.__len__(scores)} names)",
+        )
+    checked: dict[str, float] = {}
+    for name, entry in dict.items(scores):
+        if not isinstance(name, str):
+            raise _violation("named score name is not a string", f"a name in 'scores' is {_type_of(name)}", value)
+        name = str.__str__(name)
+        if len(name) > MAX_SCORE_NAME_LENGTH:
+            raise _violation(
+                "named score name is too long",
+                f"names in 'scores' may have at most {MAX_SCORE_NAME_LENGTH} characters (they reach the optimizer)",
+                value,
+                f" (a name of {len(name)} characters)",
+            )
+        number = as_number(entry)
+        if number is None:
+            raise _violation(
+                "named score is not a number",
+                f"scores[{shorten(name, 70)}] is {_type_of(entry)}; give a number such as 0.5",
+                value,
+            )
+        checked[name] = _finite(number, "named score", value, name)
+    return checked
+
+
+def cut_feedback(text: str, limit: int = DEFAULT_FEEDBACK_LIMIT) -> str:
+    """`text`, cut to at most `limit` characters with a note saying so, when it is longer."""
+    if len(text) <= limit:
+        return text
+    original = len(text)
+    if was_cut(text):  # cut once already (in a worker, with a margin): keep the length it gave
+        at = text.rfind("\n" + FEEDBACK_CUT_MARK)
+        found = _CUT_LENGTH.search(text, at)
+        if found:
+            original = int(found[1].replace(",", ""))
+        text = text[:at]
+    note = f"\n{FEEDBACK_CUT_MARK} it had {original:,} characters, over the limit of {limit:,}]"
+    return text[: max(0, limit - len(note))] + note[:limit]
+
+
+def was_cut(feedback: str) -> bool:
+    """True when cut_feedback shortened this feedback."""
+    return FEEDBACK_CUT_MARK in feedback[-120:]
+
+
+def check_timeout(timeout: Any) -> float:
+    """The metric timeout in seconds, when it lies in (0, 600]; a clear ValueError otherwise."""
+    from .values import seconds
+
+    return seconds("timeout", timeout, maximum=MAX_TIMEOUT, default=DEFAULT_TIMEOUT)
+
+
+def check_feedback_limit(limit: Any) -> int:
+    """The feedback limit in characters, an int of at least 100; a clear ValueError otherwise."""
+    from .values import whole_number
+
+    return whole_number("feedback_limit", limit, minimum=MIN_FEEDBACK_LIMIT, unit="characters")

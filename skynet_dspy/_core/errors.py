@@ -1,0 +1,94 @@
+"""Every exception skynet-dspy raises, under one base class, `SkynetDspyError`.
+
+Each keeps the builtin base it always had (a ContractViolation is still a ValueError), and each
+message is redacted: no credential reaches a traceback, a log line or a notebook cell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .secrets import redact
+from .types import Item
+
+__all__ = [
+    "ContractViolation",
+    "LLMCallError",
+    "MetricLoadError",
+    "MissingExtra",
+    "ModelNotConfigured",
+    "OutsideMetricCall",
+    "RewardSpecError",
+    "SkynetDspyError",
+    "SpendCapReached",
+    "WorkerError",
+]
+
+
+class SkynetDspyError(Exception):
+    """The base of every exception this package raises; its message never holds a credential."""
+
+    def __init__(self, message: str = "", *args: Any):
+        super().__init__(redact(str(message)), *args)
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
+
+
+class MetricLoadError(SkynetDspyError):
+    """The metric could not be loaded; `item` is the contract-check item it fails."""
+
+    def __init__(self, message: str, item: Item = Item.LOADS):
+        super().__init__(message)
+        self.item = Item(item)
+
+
+class RewardSpecError(SkynetDspyError, ValueError):
+    """A REWARD_SPEC that breaks a rule; the message names the bad field."""
+
+    item = Item.REWARD_SPEC
+
+
+class ContractViolation(SkynetDspyError, ValueError):
+    """A metric's return value broke a rule of SPEC §2.
+
+    `rule` names the rule in words that hold nothing the metric chose (it may reach an optimizer as
+    feedback, and the value may hold expected values); the message adds the value, shortened.
+    """
+
+    def __init__(self, rule: str, value: Any = None, message: str | None = None):
+        self.rule = rule
+        self.value = value
+        super().__init__(message if message is not None else rule)
+
+
+class ModelNotConfigured(SkynetDspyError, RuntimeError):
+    """llm() was called with neither a metric model nor a reflection model set."""
+
+
+class LLMCallError(SkynetDspyError, RuntimeError):
+    """The judge model could not answer: a refused key, a bad request, or retries used up.
+
+    `status` is the HTTP status when there was one; `refused` is True for a refused or missing key.
+    """
+
+    def __init__(self, message: str, status: int | None = None, *, refused: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.refused = refused
+
+
+class SpendCapReached(SkynetDspyError, RuntimeError):
+    """A spending cap (max_judge_cost_usd= or max_program_cost_usd=) was reached; no more is spent."""
+
+
+class OutsideMetricCall(SkynetDspyError, RuntimeError):
+    """A `skynet` helper that reads the example being scored was called outside a metric call."""
+
+
+class WorkerError(SkynetDspyError, RuntimeError):
+    """The metric's worker processes could not be started or could not run the metric."""
+
+
+class MissingExtra(SkynetDspyError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""

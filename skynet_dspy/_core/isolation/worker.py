@@ -1,0 +1,214 @@
+"""The metric worker process: loads one metric and runs its calls, one at a time, for the user's process.
+
+Started by process.py as `python -c "from skynet_dspy._core.isolation.worker import main; main()" FD`,
+with a credential-free environment, in a session of its own. It imports the DSPy-free core, the metric
+and what the metric imports: never dspy or litellm. Everything the metric returns is validated here and
+only plain values go back (wire.py). llm() is sent to the user's process, which holds the judge and its
+keys. A fork inside score is caught: the child exits the moment it is back in this module, and the
+worker reports the call as failed and retires.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import types
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..call import CallRequest, run_call
+from ..errors import LLMCallError, MetricLoadError, ModelNotConfigured, SpendCapReached
+from ..loading import LoadedMetric, load, register_skynet
+from ..types import Failure, Item, Observation, Outcome
+from ..values import exception_text
+from . import wire
+
+_PARENT_CHECK = 0.5  # seconds between checks that the user's process is still there
+
+_worker_pid = os.getpid()
+_forked = False  # score called os.fork() during the call in progress
+
+
+def _after_fork_in_parent() -> None:
+    global _forked
+    _forked = True
+
+
+class _ParentLLM:
+    """llm() inside the worker: the request goes to the user's process, which calls the judge."""
+
+    def __init__(self, conn: Connection, send_lock: threading.Lock):
+        self._conn = conn
+        self._send_lock = send_lock
+        self._cond = threading.Condition()
+        self._reading = False
+        self._replies: dict[int, Any] = {}
+        self._next = 0
+        self.call_id = 0
+
+    def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+        if os.getpid() != _worker_pid:
+            raise RuntimeError("llm() cannot be called from a process forked inside score()")
+        with self._cond:
+            self._next += 1
+            request_id = self._next
+        message = ("llm", self.call_id, request_id, instructions, input, wire.to_plain(settings))
+        with self._send_lock:
+            self._conn.send_bytes(wire.to_parent(message))
+        reply = self._await(request_id)
+        status, payload = reply[2], reply[3:]
+        if status == "ok":
+            return payload[0]
+        kind, text = payload[0], payload[1]
+        if kind == Failure.JUDGE_NOT_CONFIGURED:
+            raise ModelNotConfigured(text)
+        if kind == Failure.SPEND_CAP:
+            raise SpendCapReached(text)
+        raise LLMCallError(text, payload[2], refused=bool(payload[3]))
+
+    def _await(self, request_id: int) -> Any:
+        """The reply to `request_id`; whichever waiting thread reads a reply files it for its owner."""
+        while True:
+            with self._cond:
+                while request_id not in self._replies and self._reading:
+                    self._cond.wait()
+                if request_id in self._replies:
+                    return self._replies.pop(request_id)
+                self._reading = True
+            try:
+                message = wire.from_worker(self._conn.recv_bytes())
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+            if message[1] == request_id:
+                return message
+            with self._cond:
+                self._replies[message[1]] = message
+                self._cond.notify_all()
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the user's process is gone (it could not stop us itself, e.g. it was killed)."""
+    while True:
+        time.sleep(_PARENT_CHECK)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _load(spec: dict[str, Any]) -> LoadedMetric:
+    if "path" in spec:
+        return load(spec["path"])
+    if "module" in spec:
+        import importlib
+
+        return load(importlib.import_module(spec["module"]))
+    import pickle
+
+    score = pickle.loads(spec["pickled"])
+    _restore_file(score, spec.get("file"), spec.get("source") or [])
+    loaded = load(score)
+    if spec.get("reward_spec") is not None and loaded.reward_spec is None:
+        from dataclasses import replace
+
+        loaded = replace(loaded, reward_spec=spec["reward_spec"])
+    return loaded
+
+
+def _restore_file(score: Any, file: str | None, lines: list[str]) -> None:
+    """Give a score sent by value its file name back (cloudpickle drops it), so errors name the file and line."""
+    code = getattr(score, "__code__", None)
+    if not file or not isinstance(code, types.CodeType) or code.co_filename != "<dynamic-code>":
+        return
+
+    def renamed(code: types.CodeType) -> types.CodeType:
+        consts = tuple(renamed(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=file, co_consts=consts)
+
+    score.__code__ = renamed(code)
+    if lines and file not in linecache.cache:
+        linecache.cache[file] = (sum(map(len, lines)), None, lines, file)
+
+
+def _request(message: tuple[Any, ...]) -> CallRequest:
+    _, _call_id, input_values, output, expected, observation, unmeasured = message
+    return CallRequest(
+        input_values, output, expected, Observation(**observation) if observation else None, unmeasured
+    )
+
+
+def _serve(conn: Connection) -> None:
+    global _forked
+    send_lock = threading.Lock()
+    llm = _ParentLLM(conn, send_lock)
+    loaded: LoadedMetric | None = None
+    feedback_limit = 0
+    recursion_limit = sys.getrecursionlimit()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    while True:
+        try:
+            message = wire.from_parent(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "load":
+            spec, feedback_limit = message[1], message[2]
+            try:
+                loaded = _load(spec)
+                reply: tuple[Any, ...] = ("loaded", wire.info_to_plain(loaded.info()))
+            except MetricLoadError as exc:
+                reply = ("load_failed", str(exc), str(exc.item))
+            except FileNotFoundError as exc:
+                reply = ("load_failed", str(exc), "not_found")
+            except BaseException as exc:  # noqa: BLE001 - an unloadable pickled score, a hostile import
+                reply = ("load_failed", f"the metric could not be loaded in its worker process: "
+                         f"{exception_text(exc)}", str(Item.LOADS))
+        elif kind == "call" and loaded is not None:
+            llm.call_id = message[1]
+            _forked = False
+            outcome = run_call(loaded, _request(message), llm, feedback_limit)
+            if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
+                os._exit(0)
+            if _forked:
+                outcome = Outcome(
+                    failure=Failure.CRASHED,
+                    error_type="fork",
+                    detail="score() started a child process with os.fork(); a metric worker allows no fork, "
+                    "so the call was not scored and the worker and its children were stopped",
+                )
+            reply = ("outcome", message[1], wire.outcome_to_plain(outcome), _forked)
+        else:
+            reply = ("error", f"the worker got {kind!r} before a metric was loaded")
+        sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        try:
+            with send_lock:
+                conn.send_bytes(wire.to_parent(reply))
+        except Exception as exc:  # noqa: BLE001 - a reply that cannot be pickled is still answered
+            fallback = Outcome(
+                failure=Failure.CRASHED, detail=f"the worker could not send its reply: {exception_text(exc)}"
+            )
+            with send_lock:
+                conn.send_bytes(wire.to_parent(("outcome", message[1], wire.outcome_to_plain(fallback), False)))
+        if kind == "call" and reply[3]:
+            return  # retire after a fork: the user's process stops this worker and its children
+
+
+def main() -> None:
+    """Entry point of a worker process: serve the connection given as the first argument."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
+    os.register_at_fork(after_in_parent=_after_fork_in_parent)
+    register_skynet()
+    conn = Connection(int(sys.argv[1]))
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="skynet-parent-watch", daemon=True).start()
+    conn.send_bytes(wire.to_parent(("ready", os.getpid())))
+    try:
+        _serve(conn)
+    finally:
+        os._exit(0)  # no atexit handlers, no flushing of what a forked metric left behind

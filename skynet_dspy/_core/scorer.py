@@ -1,0 +1,217 @@
+"""A metric as the user's process sees it: plain values in, a Result out, whatever the metric does.
+
+The Scorer owns the executor (worker processes, or threads with isolation="thread"), turns what it
+reports into a Result (the failure score and neutral feedback on a failure), counts every kind of
+failure and says so in the log: once per kind, at once and loudly for a setup problem, and again
+when calls keep failing in a row. It knows nothing of DSPy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from . import secrets
+from .call import CallRequest
+from .context import LLMHandler, default_llm
+from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_feedback
+from .errors import ModelNotConfigured
+from .isolation.process import ProcessExecutor
+from .isolation.thread import ThreadExecutor
+from .loading import load
+from .reward import validate_spec
+from .types import Failure, MetricInfo, Outcome, Result
+from .values import finite_number, whole_number
+
+logger = logging.getLogger("skynet_dspy")
+
+ISOLATIONS = ("process", "thread")
+_LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
+_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.SPEND_CAP})
+
+
+def neutral_feedback(outcome: Outcome, timeout: float) -> str:
+    """The feedback of a failed call: what failed, in words built from nothing the metric chose (SPEC §2)."""
+    kind = outcome.failure
+    if kind is Failure.EXCEPTION:
+        return f"Not scored: the metric raised {outcome.error_type or 'an exception'} while scoring this output."
+    if kind is Failure.TIMEOUT:
+        return f"Not scored: the metric timed out after {timeout:g} s on this output."
+    if kind is Failure.INVALID:
+        return (
+            f"Not scored: the metric returned a value that breaks the metric contract ({outcome.rule}); "
+            "this is a fault of the metric, not of the output."
+        )
+    if kind is Failure.CRASHED:
+        if outcome.error_type == "fork":
+            return "Not scored: the metric tried to start a process of its own; this is a fault of the metric."
+        return (
+            "Not scored: the metric's process stopped while scoring this output (it exited or crashed); "
+            "this is a fault of the metric."
+        )
+    if kind is Failure.OVERLOADED:
+        return "Not scored: the metric was not run, because earlier calls are still stuck past their timeout."
+    if kind is Failure.JUDGE_NOT_CONFIGURED:
+        return (
+            "Not scored: the metric's judge model is not configured; this is a setup problem, "
+            "not a fault of the output."
+        )
+    if kind is Failure.JUDGE_ERROR:
+        return (
+            "Not scored: the metric's judge model could not answer; this is a setup problem, not a fault of the output."
+        )
+    if kind is Failure.SPEND_CAP:
+        return "Not scored: a spending cap was reached, so no more model calls are made."
+    return "Not scored: the metric could not score this output."
+
+
+class Scorer:
+    """Loads a metric (in worker processes by default) and scores plain values with it; never raises for its faults.
+
+    `llm` answers the metric's llm() calls; without it llm() raises ModelNotConfigured.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        timeout: float,
+        failure_score: float,
+        feedback_limit: int,
+        isolation: str = "process",
+        workers: int | None = None,
+        llm: LLMHandler | None = None,
+        setup_hint: str = "",
+    ):
+        self.timeout = check_timeout(timeout)
+        self.failure_score = finite_number("failure_score", failure_score, default=0.0)
+        self.feedback_limit = check_feedback_limit(feedback_limit)
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be 'process' (the default) or 'thread', got {isolation!r}")
+        if workers is not None:
+            whole_number("workers", workers, minimum=1, unit="worker processes")
+        self.isolation = isolation
+        self.llm = llm
+        self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
+        if isolation == "process":
+            self.executor: ProcessExecutor | ThreadExecutor = ProcessExecutor(
+                source, self.timeout, self.feedback_limit, workers
+            )
+        else:
+            self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)
+        self.info: MetricInfo = self.executor.info
+        if self.info.reward_spec is not None:
+            validate_spec(self.info.reward_spec)
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._logged: set[str] = set()
+        self._streak = 0  # failed calls in a row
+
+    # -- scoring -------------------------------------------------------------------------------
+
+    def score(self, request: CallRequest) -> Result:
+        """Run one call and give its Result: the metric's own on success, the failure score otherwise."""
+        outcome = self.executor.run(request, self.llm or _default_handler)
+        with self._lock:
+            self._counts["calls"] += 1
+        if outcome.judge_problem is not None:
+            self._setup_problem(outcome.judge_problem, outcome.judge_detail or "")
+        if outcome.result is not None:
+            with self._lock:
+                self._streak = 0
+            result = finish_feedback(outcome.result, self.feedback_limit)
+            if result.extra and self.isolation == "process":
+                result = replace(result, extra=_redacted(result.extra))
+            return result
+        return self.failed(outcome)
+
+    def failed(self, outcome: Outcome, feedback: str | None = None) -> Result:
+        """The Result of a failed call (`feedback` overrides the neutral sentence), counted and logged."""
+        kind = outcome.failure or Failure.EXCEPTION
+        detail = secrets.redact(outcome.detail or kind.value)
+        text = secrets.redact(feedback if feedback is not None else neutral_feedback(outcome, self.timeout))
+        text = cut_feedback(text, self.feedback_limit)  # the feedback cap holds for failures too (SPEC §2)
+        with self._lock:
+            self._counts[kind] += 1
+            self._streak += 1
+            streak = self._streak
+            first = kind not in self._logged
+            self._logged.add(kind)
+        if kind in _SETUP_PROBLEMS:
+            self._setup_problem(kind, detail)
+        elif first:
+            logger.warning(
+                "skynet-dspy metric %s: %s: %s (scored %g; the run goes on; later %s failures are counted in "
+                "metric.stats, not logged)",
+                self.info.label, kind, detail, self.failure_score, kind,
+            )
+        if streak in _LOUD_STREAKS:
+            logger.error(
+                "skynet-dspy metric %s: the last %d calls all failed (latest: %s: %s). Every failed call scores %g, "
+                "so the optimizer learns nothing and its budget is spent: run skynet_dspy.check_contract() on the "
+                "metric to see what is wrong.",
+                self.info.label, streak, kind, detail, self.failure_score,
+            )
+        return Result(self.failure_score, text, None, {}, kind, detail)
+
+    def _setup_problem(self, kind: Failure, detail: str) -> None:
+        """Log a setup problem (no judge model, a refused key, a spending cap) as an error, the first time."""
+        key = f"setup:{kind}"
+        with self._lock:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        hint = f" {self.setup_hint}" if self.setup_hint and kind is Failure.JUDGE_NOT_CONFIGURED else ""
+        logger.error(
+            "skynet-dspy metric %s: %s: %s.%s Calls that need the judge score %g until this is fixed.",
+            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, self.failure_score,
+        )
+
+    def count(self, kind: str) -> None:
+        """Count an event that happened outside a call (a memo hit, a run that raised)."""
+        with self._lock:
+            self._counts[kind] += 1
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts: calls, memo_hits, and each failure kind."""
+        with self._lock:
+            counts = dict(self._counts)
+        base = {"calls": 0, "memo_hits": 0} | {str(kind): 0 for kind in Failure}
+        return base | {str(key): value for key, value in counts.items()}
+
+    def close(self) -> None:
+        """Stop the metric's worker processes (a new call after this fails)."""
+        self.executor.close()
+
+
+def _default_handler(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+    handler = default_llm()
+    if handler is None:
+        raise ModelNotConfigured(
+            "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "
+            "skynet_dspy.load_metric(..., metric_lm='openai/gpt-4o-mini') (or reflection_lm=...), or build the "
+            "optimizer with skynet_dspy.gepa(metric, reflection_lm=...), which also routes llm() to the "
+            "reflection model"
+        )
+    return handler(instructions, input, settings)
+
+
+def _redacted(extra: dict[Any, Any]) -> dict[Any, Any]:
+    """Extra values from a worker, with credentials masked in every string they hold."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return secrets.redact(value)
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        if isinstance(value, tuple):
+            return tuple(clean(item) for item in value)
+        if isinstance(value, dict):
+            return {clean(key): clean(item) for key, item in value.items()}
+        return value
+
+    return {key: clean(value) for key, value in extra.items()}

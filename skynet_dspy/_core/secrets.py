@@ -1,0 +1,124 @@
+"""Keeping credentials out of every error, log line, feedback text, repr, report and file the package writes.
+
+Redaction does not depend on knowing every key in advance. It masks:
+- the values of environment variables whose name suggests a credential (KEY, SECRET, TOKEN, PASSWORD,
+  PASSWD, CREDENTIAL in any case), read when redacting, so a key set after a metric was loaded is masked;
+- every key given to the package (`register`), whatever its length from 4 characters;
+- common key shapes by pattern: `sk-...`, `Bearer ...`, `?api_key=...` / `&key=...` query parameters,
+  URL userinfo `user:pass@`, AWS access key ids;
+- the escaped forms of known keys (repr, JSON, HTML), for text built from an escaped value.
+
+Callers redact before escaping (HTML, JSON, repr) so an escaped key never slips past.
+This module imports nothing from the package: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import threading
+
+MASK = "***"
+MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
+MIN_ENV_LENGTH = 8  # an environment value shorter than this is a setting ("false", "1"), not a key
+
+_CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_SHAPES = (
+    # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
+    (re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=\-]{6,}"), "Bearer " + MASK),
+    # ?api_key=... &key=... &token=... in a URL
+    (
+        re.compile(
+            r"([?&](?:api[_-]?key|key|token|access[_-]?token|secret|password|passwd|sig|signature)=)[^&#\s'\"<>]+",
+            re.IGNORECASE,
+        ),
+        r"\1" + MASK,
+    ),
+    # scheme://user:password@host
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@'\"<>]+:[^/\s@'\"<>]+@"), r"\1" + MASK + ":" + MASK + "@"),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
+)
+
+_lock = threading.Lock()
+_given: set[str] = set()
+_env_names: tuple[str, ...] = ()
+_env_values: tuple[str | None, ...] = ()
+_env_size = -1
+_NOTHING = re.compile(r"(?!x)x")  # the pattern when no credential is known: matches nothing
+_literal: re.Pattern[str] | None = None
+
+
+def is_credential_name(name: str) -> bool:
+    """True when an environment variable's name suggests it holds a credential."""
+    return bool(_CREDENTIAL_NAME.search(name))
+
+
+def register(secret: object) -> None:
+    """Remember a key given to the package so redact() masks it, and its escaped forms, wherever it appears."""
+    global _literal
+    if not isinstance(secret, str) or len(secret) < MIN_GIVEN_LENGTH:
+        return
+    with _lock:
+        if secret not in _given:
+            _given.add(secret)
+            _literal = None
+
+
+def _variants(secret: str) -> set[str]:
+    forms = {
+        secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], html.escape(secret), html.escape(secret, quote=False)
+    }
+    return {form for form in forms if form}
+
+
+def _env_changed() -> bool:
+    """Whether the environment may hold other credentials than when the pattern was built (cheap to ask)."""
+    if len(os.environ) != _env_size:
+        return True
+    get = os.environ.get
+    return any(get(name) != value for name, value in zip(_env_names, _env_values, strict=True))
+
+
+def _pattern() -> re.Pattern[str] | None:
+    global _literal, _env_names, _env_values, _env_size
+    if _literal is not None and not _env_changed():
+        return _literal
+    with _lock:
+        names = tuple(name for name in os.environ if is_credential_name(name))
+        values = tuple(os.environ.get(name) for name in names)
+        secrets = set(_given)
+        secrets.update(value for value in values if value and len(value.strip()) >= MIN_ENV_LENGTH)
+        forms = {form for secret in secrets for form in _variants(secret)}
+        if forms:
+            ordered = sorted(forms, key=len, reverse=True)  # longest first, so a key inside a longer one is whole
+            _literal = re.compile("|".join(map(re.escape, ordered)))
+        else:
+            _literal = _NOTHING
+        _env_names, _env_values, _env_size = names, values, len(os.environ)
+        return _literal
+
+
+# Every key shape above contains one of these: text holding none of them is not scanned for shapes.
+_SHAPE_HINTS = ("sk-", "Bearer", "=", "@", "AKIA", "ASIA")
+
+
+def redact(text: str) -> str:
+    """`text` with every credential it holds replaced by '***'."""
+    if not text:
+        return text
+    literal = _pattern()
+    if literal is not _NOTHING:
+        text = literal.sub(MASK, text)
+    if any(hint in text for hint in _SHAPE_HINTS):
+        for pattern, replacement in _SHAPES:
+            text = pattern.sub(replacement, text)
+    return text
+
+
+def credential_free_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of the environment without any variable whose name suggests a credential (for metric workers)."""
+    source = os.environ if environ is None else environ
+    return {name: value for name, value in source.items() if not is_credential_name(name)}

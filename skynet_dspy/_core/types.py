@@ -1,0 +1,169 @@
+"""The plain values every layer passes around: results, failure kinds, measurements, judge usage, metric facts."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+
+class Failure(StrEnum):
+    """How a metric call failed. Members compare equal to their strings ("timeout" == Failure.TIMEOUT)."""
+
+    EXCEPTION = "exception"  # score() raised
+    TIMEOUT = "timeout"  # score() ran past its timeout
+    INVALID = "invalid"  # the return value broke the contract (SPEC §2)
+    MISSING_FIELD = "missing_field"  # the prediction lacks an output field the user named
+    CRASHED = "crashed"  # the metric's worker process died (exit, signal, crash) or forked
+    OVERLOADED = "overloaded"  # thread isolation only: too many earlier calls still stuck
+    JUDGE_NOT_CONFIGURED = "judge_not_configured"  # llm() had no model to call
+    JUDGE_ERROR = "judge_error"  # llm() failed: a refused key, retries used up
+    SPEND_CAP = "spend_cap"  # a spending cap (judge or program) was reached
+    RUN_EXCEPTION = "run_exception"  # plain GEPA: run(artifact, input) raised
+
+
+class Status(StrEnum):
+    """The status of one item of the contract check."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    WARNING = "warning"
+    NOT_RUN = "not run"
+
+
+class Item(StrEnum):
+    """The items of the contract check, in report order; errors name the item they fail."""
+
+    LOADS = "Metric loads"
+    SIGNATURE = "Metric signature"
+    REWARD_SPEC = "Reward spec"
+    RETURN_VALUE = "Metric return value"
+    TIMEOUT = "Metric timeout"
+    NAMED_SCORES = "Named scores"
+    PERFECT_OUTPUT = "Perfect output scores highest"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One metric call, validated: what the optimizer may see (score, feedback, scores) and the rest.
+
+    `extra` holds side-information keys other than feedback/scores and `detail` the full message of a
+    failure: both are kept for the user and never shown to an optimizer. `failure` is None on success.
+    """
+
+    score: float
+    feedback: str
+    scores: dict[str, float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    failure: Failure | None = None
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def copy(self) -> Result:
+        """A copy whose dicts are the caller's own: changing them changes no other call's result."""
+        if not self.scores and not self.extra:
+            return self
+        return replace(
+            self,
+            scores=dict(self.scores) if self.scores is not None else None,
+            extra=_copied(self.extra),
+        )
+
+
+def _copied(extra: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(extra)
+    except Exception:  # a value that refuses copying is shared, the dict itself is not
+        return dict(extra)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an executor reports of one call of `score`, before the scorer turns it into a Result.
+
+    Exactly one of `result` (the call returned a valid value) and `failure` is set. `rule` is the broken
+    contract rule for INVALID, safe to show an optimizer; `error_type` the exception's type name for
+    EXCEPTION; `detail` the full message, for the user only. `judge_problem` is set when llm() hit a
+    setup problem (no model, a refused key) during the call, even if the metric carried on.
+    """
+
+    result: Result | None = None
+    failure: Failure | None = None
+    detail: str | None = None
+    rule: str | None = None
+    error_type: str | None = None
+    judge_problem: Failure | None = None
+    judge_detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The program's measured run on the example being scored (read-only).
+
+    A figure is None when it could not be measured; `unmeasured_reason` (the whole run) and
+    `cost_unknown_reason` (the cost alone, e.g. a model with no known price) say why.
+    """
+
+    run_ms: float | None  # wall time of the program's run on the example, milliseconds
+    cost_usd: float | None  # USD cost of the run's model calls (0.0 when it made none)
+    model_calls: int | None = None  # model calls the run made (cache hits are not calls)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_unknown_reason: str | None = None
+    unmeasured_reason: str | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """prompt_tokens + completion_tokens, or None when the run was not measured."""
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def measured(self) -> bool:
+        """Whether the run was measured (its cost may still be unknown)."""
+        return self.run_ms is not None
+
+    @classmethod
+    def unmeasured(cls, reason: str | None) -> Observation:
+        """An observation of a run that was not measured, saying why."""
+        return cls(run_ms=None, cost_usd=None, unmeasured_reason=reason or "the run was not measured")
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeUsage:
+    """What a metric's llm() calls used: requests sent, cache hits, tokens, USD cost and time.
+
+    `calls` counts every request sent (retried attempts included; `errors` of them failed).
+    `cost_usd` is None when the price of any answered request is unknown. `seconds` is the wall
+    time spent on requests, backoff waits included. Cache hits cost nothing and take no time here.
+    """
+
+    calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    seconds: float = 0.0
+    errors: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class MetricInfo:
+    """What loading a metric found out about it, in plain values (it crosses from a worker process)."""
+
+    name: str  # for messages and result columns: the file's stem, or the function's name
+    label: str  # the source as the user gave it: a path, a module name, a function's qualified name
+    takes_expected: bool  # score(input, output, expected) rather than score(input, output)
+    reward_spec: dict[str, Any] | None = None
+    uses_measurement: bool = False  # its code refers to reward / observation / service_cost
+    file: str | None = None  # the metric's source file, when it has one
+    hint: str | None = None  # advice about the signature (e.g. a DSPy-style score(example, pred, trace))

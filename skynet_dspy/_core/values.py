@@ -1,0 +1,141 @@
+"""Reading values that may be hostile, and checking option values: one implementation of each rule.
+
+Everything here is safe on user objects: it never raises because an object's own methods do, and
+every text it builds from a value is shortened and redacted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+import reprlib
+from collections.abc import Iterable
+from typing import Any
+
+from . import secrets
+
+
+def as_number(value: Any) -> float | None:
+    """`value` as a float when it is a real number per SPEC §2 (int, float, bool, NumPy real), else None.
+
+    An integer too large for a float becomes ±inf, so it is rejected as infinite rather than as "not a
+    number". Never raises, whatever the object's methods do.
+    """
+    try:
+        if isinstance(value, (str, bytes)):
+            return None
+        if isinstance(value, numbers.Real):
+            try:
+                return float(value)
+            except OverflowError:
+                if isinstance(value, numbers.Integral):
+                    return math.inf if value > 0 else -math.inf
+                return None
+        dtype = getattr(value, "dtype", None)  # NumPy bool_ and 0-d arrays are not registered as numbers.Real
+        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and dtype is not None:
+            if dtype.kind in "biuf":
+                return float(value)
+    except Exception:
+        return None
+    return None
+
+
+def a_type(value: Any) -> str:
+    """'a str', 'an int', 'None': the type of `value` as an English noun phrase."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+class _Repr(reprlib.Repr):
+    """reprlib that masks credentials in strings before shortening them, so no fragment of a key survives a cut."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        return super().repr_str(secrets.redact(str.__str__(x)), level)
+
+
+_repr = _Repr()
+_repr.maxstring = 120
+_repr.maxother = 120
+_repr.maxlong = 60
+_repr.maxdict = 8
+_repr.maxlist = 8
+_repr.maxtuple = 8
+
+
+def shorten(value: Any, limit: int = 200) -> str:
+    """A repr of `value` fit for a message: bounded in length, redacted, and never raising."""
+    try:
+        text = _repr.repr(value)
+    except Exception as exc:  # a user object whose __repr__ raises
+        text = f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
+    text = secrets.redact(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, ending in '...' when cut."""
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+def exception_text(exc: BaseException) -> str:
+    """'ValueError: message' for the user; never raises, even for an exception whose str() does."""
+    name = type(exc).__name__
+    try:
+        message = f"exit code {exc.code!r}" if isinstance(exc, SystemExit) else str(exc)
+    except BaseException as inner:  # noqa: BLE001 - a __str__ may even raise SystemExit
+        message = f"<its message could not be read: str() raised {type(inner).__name__}>"
+    return secrets.redact(f"{name}: {message}" if message else name)
+
+
+def content_text(content: Any) -> str:
+    """The text of a chat message's content: a str, or a list of content parts ({"type": "text", "text": ...})."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+# -- option values --------------------------------------------------------------------------
+
+
+def seconds(name: str, value: Any, *, maximum: float | None = None, default: float | None = None) -> float:
+    """A positive number of seconds (at most `maximum`), or a ValueError naming the option."""
+    number = None if isinstance(value, bool) else as_number(value)
+    if number is None or not (0 < number < math.inf) or (maximum is not None and number > maximum):
+        bound = f"in (0, {maximum:g}]" if maximum is not None else "above 0"
+        usual = f"; the default is {default:g}" if default is not None else ""
+        raise ValueError(f"{name} must be a number of seconds {bound}, got {shorten(value)}{usual}")
+    return number
+
+
+def whole_number(name: str, value: Any, *, minimum: int = 0, unit: str = "") -> int:
+    """An int (not a bool) of at least `minimum`, or a ValueError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = f" of {unit}" if unit else ""
+        raise ValueError(f"{name} must be a whole number{what}, at least {minimum}, got {shorten(value)}")
+    return value
+
+
+def finite_number(name: str, value: Any, *, default: float | None = None) -> float:
+    """A finite number (not a bool), or a ValueError naming the option."""
+    number = None if isinstance(value, bool) else as_number(value)
+    if number is None or not math.isfinite(number):
+        usual = f"; the default is {default:g}" if default is not None else ""
+        raise ValueError(f"{name} must be a finite number, got {shorten(value)}{usual}")
+    return number
+
+
+def unknown_option(where: str, name: str, known: Iterable[str]) -> TypeError:
+    """The TypeError for a misspelt option: it names the closest known one, and lists them all."""
+    names = sorted(set(known))
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TypeError(f"{where} got an unknown option {name!r}{hint}. Options: {', '.join(names)}")
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to `name` (a likely typo), or None."""
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return found[0] if found else None

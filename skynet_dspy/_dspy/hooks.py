@@ -1,0 +1,223 @@
+"""Every use of DSPy's or LiteLLM's private API in the package, in one place.
+
+Only measurement (reward(), observation(), service_cost()) needs them, and only for a metric that
+uses those helpers: a program run is timed around dspy.Module's call, and its model calls are counted
+where they execute. Each hook names the version it was checked against; `problems()` says, in words, which
+of them an installed DSPy or LiteLLM no longer offers (tests/unit/dspy/test_hooks.py fails on it).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+DSPY_CHECKED = "3.4.1"
+LITELLM_CHECKED = "1.110.2"
+
+# The LiteLLM entry points a program may call directly (plain GEPA's run(), a custom DSPy engine).
+LITELLM_SYNC = ("completion", "text_completion", "responses")
+LITELLM_ASYNC = ("acompletion", "atext_completion", "aresponses")
+# The CallResult fields measurement reads (dspy/clients/call_result.py).
+CALL_RESULT_FIELDS = ("responses", "usage", "cost", "cost_details", "cache_hit", "response_model")
+
+_lock = threading.Lock()
+
+
+# -- DSPy's module calls (checked against dspy 3.4.1) ------------------------------------------------
+
+
+def wrap_module_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
+    """Replace dspy.Module.__call__ / acall with `wrap(original, asynchronous)`, to time each program run.
+
+    Private: DSPy's public way to see a run, a callback, sends every module call (Predict's LM and adapter
+    calls included) through inspect.getcallargs; one no-op callback makes dspy.Predict about 1.7x slower
+    (`make bench`, row 5). Wrapping Module.__call__ costs about a microsecond per module call.
+    """
+    import dspy
+
+    for name, asynchronous in (("__call__", False), ("acall", True)):
+        original = dspy.Module.__dict__.get(name)
+        if callable(original) and not getattr(original, "_skynet_wrapped", False):
+            wrapped = functools.wraps(original)(wrap(original, asynchronous))
+            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+            setattr(dspy.Module, name, wrapped)
+
+
+def module_calls_wrapped() -> bool:
+    """Whether wrap_module_calls() has been applied in this process."""
+    import dspy
+
+    return bool(getattr(dspy.Module.__dict__.get("__call__"), "_skynet_wrapped", False))
+
+
+def inside_a_module() -> bool:
+    """Whether the code running now runs inside a dspy.Module call (DSPy's `caller_modules` setting, which
+    Module.__call__ sets and DSPy carries into the threads it starts)."""
+    import dspy
+
+    return bool(dspy.settings.get("caller_modules"))
+
+
+# -- DSPy's LM execution (checked against dspy 3.4.1) ------------------------------------------------
+
+
+def wrap_dspy_execution(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> bool:
+    """Replace dspy.clients.execution.execute / aexecute with `wrap(original, asynchronous)`.
+
+    Private, and the only place every LM call of a program passes through: DSPy 3.4's native engine
+    (openai/*, anthropic/*, ...) never reaches LiteLLM. LM.forward imports these at call time, so the
+    module attribute is what it calls. False when this DSPy has no such module (LiteLLM hooks still count).
+    """
+    try:
+        from dspy.clients import execution
+    except ImportError:
+        return False
+    for name, asynchronous in (("execute", False), ("aexecute", True)):
+        original = getattr(execution, name, None)
+        if callable(original) and not getattr(original, "_skynet_wrapped", False):
+            wrapped = wrap(original, asynchronous)
+            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+            setattr(execution, name, wrapped)
+    return True
+
+
+def call_result_figures(result: Any) -> dict[str, Any]:
+    """What one DSPy LM execution used: calls, usage, cost, why it is unpriced, cache hit (CallResult, dspy 3.4.1)."""
+    details = getattr(result, "cost_details", None)
+    return {
+        "cache_hit": bool(getattr(result, "cache_hit", False)),
+        "calls": max(1, len(getattr(result, "responses", None) or ())),
+        "usage": getattr(result, "usage", None) or {},
+        "cost": getattr(result, "cost", None),
+        "unpriced_detail": details.get("reason") if isinstance(details, dict) else None,
+        "model": getattr(result, "response_model", None),
+    }
+
+
+# -- LiteLLM's entry points (checked against litellm 1.110.2) --------------------------------------
+
+
+def wrap_litellm(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
+    """Replace LiteLLM's completion functions with `wrap(original, asynchronous)`, now or when LiteLLM is imported.
+
+    LiteLLM takes seconds to import, so it is never imported just to be wrapped: an import hook wraps it
+    the moment the user's code imports it (which also catches `from litellm import completion`).
+    """
+    module = sys.modules.get("litellm")
+    if module is not None:
+        _wrap_module(module, wrap)
+        return
+    with _lock:
+        if not any(isinstance(finder, _LiteLLMImportHook) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _LiteLLMImportHook(wrap))
+
+
+def _wrap_module(module: Any, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
+    for names, asynchronous in ((LITELLM_SYNC, False), (LITELLM_ASYNC, True)):
+        for name in names:
+            original = getattr(module, name, None)
+            if callable(original) and not getattr(original, "_skynet_wrapped", False):
+                wrapped = functools.wraps(original)(wrap(original, asynchronous))
+                wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+                setattr(module, name, wrapped)
+
+
+class _LiteLLMImportHook:
+    """A sys.meta_path finder that wraps LiteLLM's entry points right after LiteLLM's own module runs."""
+
+    def __init__(self, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]):
+        self._wrap = wrap
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "litellm" or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            self._busy.on = False
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return None
+        hook, wrap = self, self._wrap
+
+        def exec_and_wrap(module: Any) -> None:
+            exec_module(module)
+            _wrap_module(module, wrap)
+            try:
+                sys.meta_path.remove(hook)
+            except ValueError:
+                pass
+
+        try:
+            loader.exec_module = exec_and_wrap  # our own spec's loader object, made for this import
+        except (AttributeError, TypeError):
+            return None
+        return spec
+
+
+# -- what an upgrade broke ----------------------------------------------------------------------------
+
+
+def problems() -> list[str]:
+    """One sentence per private API above that the installed DSPy / LiteLLM no longer offer (empty: all fine)."""
+    import dspy
+
+    found: list[str] = []
+    where = f"dspy {dspy.__version__} (hooks checked against {DSPY_CHECKED})"
+    for name in ("__call__", "acall"):
+        if not callable(dspy.Module.__dict__.get(name)):
+            found.append(f"wrap_module_calls: {where}: dspy.Module.{name} is gone")
+    try:
+        from dspy.dsp.utils.settings import DEFAULT_CONFIG
+
+        if "caller_modules" not in DEFAULT_CONFIG:
+            found.append(f"inside_a_module: {where}: the caller_modules setting is gone")
+    except ImportError as exc:
+        found.append(f"inside_a_module: {where}: dspy.dsp.utils.settings.DEFAULT_CONFIG is gone ({exc})")
+    try:
+        from dspy.clients import execution
+
+        for name in ("execute", "aexecute"):
+            if not callable(getattr(execution, name, None)):
+                found.append(f"wrap_dspy_execution: {where}: dspy.clients.execution.{name} is gone")
+    except ImportError as exc:
+        found.append(f"wrap_dspy_execution: {where}: dspy.clients.execution is gone ({exc})")
+    try:
+        import dataclasses
+
+        from dspy.clients.call_result import CallResult
+
+        names = {f.name for f in dataclasses.fields(CallResult)}
+        for name in CALL_RESULT_FIELDS:
+            if name not in names:
+                found.append(f"call_result_figures: {where}: CallResult has no field {name!r}")
+    except Exception as exc:
+        found.append(f"call_result_figures: {where}: dspy.clients.call_result.CallResult is gone ({exc})")
+    try:
+        import litellm
+
+        litellm_where = f"litellm {_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
+        for name in (*LITELLM_SYNC, *LITELLM_ASYNC):
+            if not callable(getattr(litellm, name, None)):
+                found.append(f"wrap_litellm: {litellm_where}: litellm.{name} is gone")
+    except ImportError as exc:
+        found.append(f"wrap_litellm: litellm cannot be imported ({exc})")
+    return found
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"

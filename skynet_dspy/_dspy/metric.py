@@ -1,0 +1,397 @@
+"""The metric object DSPy calls: one adapter for Evaluate, BootstrapFewShot, MIPROv2 and GEPA (SPEC §4).
+
+A call goes: the memo (GEPA asks twice for the same example and prediction) → translate.py (the
+Example and Prediction become plain values) → the Scorer (the metric's worker process, validation,
+failure feedback) → back as a Score, which DSPy reads as a number and GEPA as a feedback Prediction.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import keyword
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import dspy
+
+from .._core import secrets
+from .._core.call import CallRequest
+from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
+from .._core.lru import LRU
+from .._core.scorer import Scorer
+from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, Result
+from .._core.values import exception_text, unknown_option, whole_number
+from .._judge import Judge
+from . import measure as measurement
+from . import translate
+
+DEFAULT_MEMO_SIZE = 4096
+
+_NOT_MEASURED = (
+    "the metric's code does not use reward(), observation() or service_cost(), so its runs are not measured "
+    "(load_metric(..., measure=True) measures them)"
+)
+
+
+class Score(dspy.Prediction, float):
+    """What the adapter returns to DSPy: `score`, `feedback` and (when the metric named scores) `objective_scores`.
+
+    A dspy.Prediction for GEPA, and a float (the score) everywhere DSPy or the user wants a number:
+    sum(), averages, csv and json files, pandas, `f"{s:.2f}"`. A failed call is falsy and never at or
+    above a threshold, so BootstrapFewShot never takes it as a demo; a successful call is truthy when its
+    score is above zero. The full Result (extra side-information keys, the failure's detail) is on
+    `.result`, never among the fields DSPy reads.
+    """
+
+    def __new__(cls, result: Any = None, base: Any = None, **fields: Any) -> Score:
+        return float.__new__(cls, _as_result(result, base, fields).score)
+
+    def __init__(self, result: Any = None, base: Any = None, **fields: Any):
+        result = _as_result(result, base, fields)
+        shown: dict[str, Any] = {"score": result.score, "feedback": result.feedback}
+        if result.scores:
+            shown["objective_scores"] = dict(result.scores)
+        super().__init__(**shown)
+        self._result = result
+
+    @property
+    def result(self) -> Result:
+        """The metric call in full: score, feedback, named scores, extra keys, failure kind and detail."""
+        return self._result
+
+    @property
+    def ok(self) -> bool:
+        return self._result.ok
+
+    def __bool__(self) -> bool:
+        return self._result.ok and self._result.score > 0
+
+    def __ge__(self, other: object) -> bool:
+        return self._result.ok and float(self) >= _number(other)
+
+    def __gt__(self, other: object) -> bool:
+        return self._result.ok and float(self) > _number(other)
+
+    def __le__(self, other: object) -> bool:
+        return float(self) <= _number(other)
+
+    def __lt__(self, other: object) -> bool:
+        return float(self) < _number(other)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, dspy.Example) and not isinstance(other, float):
+            return dspy.Example.__eq__(self, other)
+        return float.__eq__(float(self), other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = float.__hash__
+
+    def __float__(self) -> float:
+        return self._result.score
+
+    # csv.writer and Evaluate's table write repr() of a float: a Score is written as its number
+    def __repr__(self) -> str:
+        return float.__repr__(self)
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Score, (self._result,))
+
+    def __copy__(self) -> Score:
+        return Score(self._result)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Score:
+        return Score(self._result.copy())
+
+
+def _number(other: object) -> float:
+    return float(other)  # type: ignore[arg-type]
+
+
+def _as_result(result: Any, base: Any, fields: Mapping[str, Any]) -> Result:
+    """The Result a Score is built on: given, or rebuilt from Prediction-style arguments (copy(), Score(0.5))."""
+    if isinstance(result, Result):
+        return result
+    previous = base.result if isinstance(base, Score) else None
+    values = dict(base.items()) if isinstance(base, dspy.Example) else dict(base or {})
+    values.update(fields)
+    if result is not None:
+        values.setdefault("score", result)
+    scores = values.get("objective_scores")
+    return Result(
+        score=float(values.get("score", 0.0)),
+        feedback=str(values.get("feedback") or ""),
+        scores=dict(scores) if scores else None,
+        extra=dict(previous.extra) if previous is not None else {},
+        failure=previous.failure if previous is not None else None,
+        detail=previous.detail if previous is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoEntry:
+    """One scored (example, prediction). Holding both keeps their ids from being reused while the entry
+    lives; the field snapshots catch an example or prediction changed in place since it was scored."""
+
+    gold: Any
+    pred: Any
+    gold_fields: Any
+    pred_fields: Any
+    result: Result
+
+    def still_holds(self, gold: Any, pred: Any) -> bool:
+        if self.gold is not gold or self.pred is not pred:
+            return False
+        try:
+            return bool(self.gold_fields == _snapshot(gold) and self.pred_fields == _snapshot(pred))
+        except Exception:  # fields that refuse comparison (e.g. arrays): score again
+            return False
+
+
+def _snapshot(record: Any) -> Any:
+    if isinstance(record, (dspy.Example, Mapping)):
+        return translate.fields_of(record)
+    return copy.copy(record)
+
+
+class Metric:
+    """A Skynet `score` function wrapped as a DSPy metric and a GEPA feedback metric.
+
+    Built by `skynet_dspy.load_metric()`. DSPy calls it as `metric(gold, pred, trace=None, pred_name=None,
+    pred_trace=None, program_trace=None)` and gets a Score; on plain values, `metric.score(input, output,
+    expected)` gives a Result. `close()` (or `with load_metric(...) as metric:`) stops its worker processes.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        failure_score: float = 0.0,
+        output_fields: Sequence[str] | str | None = None,
+        to_output: Callable[[Any], Any] | None = None,
+        metric_lm: Any = None,
+        reflection_lm: Any = None,
+        judge_cache: Any = True,
+        judge_cache_size: int | None = None,
+        feedback_limit: int = DEFAULT_FEEDBACK_LIMIT,
+        memo_size: int = DEFAULT_MEMO_SIZE,
+        isolation: str = "process",
+        workers: int | None = None,
+        measure: bool | None = None,
+    ):
+        self.output_fields = _output_fields(output_fields)
+        if to_output is not None and not callable(to_output):
+            raise TypeError("to_output must be a function taking the dspy.Prediction and returning the output")
+        self.to_output = to_output
+        whole_number("memo_size", memo_size, unit="entries")
+        if measure not in (None, True, False):
+            raise TypeError(f"measure must be True, False or None (measure when the metric uses it), got {measure!r}")
+        self.judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache,
+                           cache_size=judge_cache_size)
+        self.scorer = Scorer(
+            source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
+            isolation=isolation, workers=workers, llm=self.judge,
+        )
+        self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
+        if self.measuring:
+            measurement.install()
+        self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
+        self.__name__ = self.scorer.info.name
+
+    # -- DSPy's side ------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        gold: Any,
+        pred: Any,
+        trace: Any = None,
+        pred_name: str | None = None,
+        pred_trace: Any = None,
+        program_trace: Any = None,
+    ) -> Score:
+        """Score one (example, prediction) the way every DSPy optimizer expects.
+
+        The same example and prediction are scored once: GEPA's second call (per predictor, for
+        feedback) gets the first result back without calling `score` again.
+        """
+        key = (id(gold), id(pred))
+        entry = self._memo.get(key)
+        if entry is not None and entry.still_holds(gold, pred):
+            self.scorer.count("memo_hits")
+            return Score(entry.result.copy())
+        result = self._score_dspy(gold, pred)
+        if result.failure is not Failure.OVERLOADED:  # a call never run is worth trying again
+            self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), result))
+        return Score(result.copy())
+
+    def _score_dspy(self, gold: Any, pred: Any) -> Result:
+        try:
+            input_values, expected = translate.split_example(gold)
+        except Exception as exc:
+            return self.scorer.failed(
+                Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
+                        detail=f"could not read the example: {exception_text(exc)}"),
+                feedback="Not scored: the example could not be read.",
+            )
+        try:
+            output = translate.prediction_output(pred, self.output_fields, self.to_output)
+        except translate.MissingOutputField as exc:
+            return self.scorer.failed(
+                Outcome(failure=Failure.MISSING_FIELD, detail=str(exc)),
+                feedback=f"Not scored: the program's output lacks the field(s) {', '.join(exc.missing)} "
+                f"(fields present: {', '.join(exc.present) or 'none'}).",
+            )
+        except Exception as exc:
+            where = "to_output raised" if self.to_output is not None else "the prediction could not be read:"
+            return self.scorer.failed(
+                Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
+                        detail=f"{where} {exception_text(exc)}"),
+                feedback=f"Not scored: the program's output could not be read ({type(exc).__name__}).",
+            )
+        if self.measuring:
+            observation, reason = measurement.observation_for(pred)
+        else:
+            observation, reason = None, _NOT_MEASURED
+        return self.scorer.score(CallRequest(input_values, output, expected, observation, reason))
+
+    # -- plain values -----------------------------------------------------------------------
+
+    def score(
+        self,
+        input: dict[str, Any],
+        output: Any,
+        expected: dict[str, Any] | None = None,
+        *,
+        observation: Any = None,
+        unmeasured_reason: str | None = None,
+    ) -> Result:
+        """Run the metric on plain values, under the timeout and the contract: always a Result."""
+        request = CallRequest(
+            translate.detach(input), translate.detach(output), translate.detach(expected), observation,
+            unmeasured_reason or (None if observation is not None else "no run of a program was measured"),
+        )
+        return self.scorer.score(request)
+
+    # -- what the user reads ------------------------------------------------------------------
+
+    @property
+    def info(self) -> MetricInfo:
+        """What loading found: the metric's name, signature, REWARD_SPEC, whether it reads measurements."""
+        return self.scorer.info
+
+    @property
+    def name(self) -> str:
+        return self.scorer.info.name
+
+    @property
+    def timeout(self) -> float:
+        return self.scorer.timeout
+
+    @property
+    def failure_score(self) -> float:
+        return self.scorer.failure_score
+
+    @property
+    def feedback_limit(self) -> int:
+        return self.scorer.feedback_limit
+
+    @property
+    def isolation(self) -> str:
+        return self.scorer.isolation
+
+    @property
+    def models(self) -> Judge:
+        """Where llm() goes (the judge): metric_lm, reflection_lm, its cache and usage."""
+        return self.judge
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts: calls (score invocations), memo_hits, and each failure kind (exception, timeout, invalid, ...)."""
+        return self.scorer.stats
+
+    @property
+    def judge_usage(self) -> JudgeUsage:
+        """The llm() calls this metric made: calls, cache hits, tokens, USD cost and time."""
+        return self.judge.usage
+
+    def close(self) -> None:
+        """Stop the metric's worker processes (they also stop when the metric is garbage or at exit)."""
+        self.scorer.close()
+
+    def __enter__(self) -> Metric:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return secrets.redact(
+            f"<skynet_dspy.Metric {self.scorer.info.label} isolation={self.isolation} timeout={self.timeout:g}s>"
+        )
+
+
+def _output_fields(names: Sequence[str] | str | None) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [names]
+    names = list(names)
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise ValueError(f"output_fields must name the prediction's output fields, e.g. ['answer'], got {names!r}")
+    return names
+
+
+OPTIONS = tuple(name for name in inspect.signature(Metric).parameters if name != "source")
+
+
+def metric_class_name(source: Any) -> str:
+    """The name dspy.Evaluate gives the metric's column: 'metric' for metric.py, the function's name..."""
+    if isinstance(source, (str, Path)):
+        stem = Path(source).stem
+    elif isinstance(source, ModuleType):
+        stem = source.__name__.rpartition(".")[2]
+    else:
+        stem = getattr(source, "__name__", None) or type(source).__name__
+    name = "".join(char if char.isalnum() or char == "_" else "_" for char in str(stem)) or "metric"
+    if name[0].isdigit() or keyword.iskeyword(name):
+        name = f"metric_{name}"
+    return name
+
+
+def reject_options_for_loaded(where: str, metric: Metric, options: Mapping[str, Any]) -> None:
+    """The TypeError for options given with a Metric already loaded (they cannot change it)."""
+    if options:
+        raise TypeError(
+            f"{where} got a Metric already loaded, and options ({', '.join(sorted(options))}) that cannot change it; "
+            "set them on skynet_dspy.load_metric(...), or pass the metric file or function instead"
+        )
+
+
+def load_metric(source: Any, **options: Any) -> Metric:
+    """Load a Skynet metric and wrap it for DSPy and GEPA.
+
+    `source` is a path to metric.py, an imported module, or a `score` callable. Options: timeout (s,
+    default 60, at most 600), failure_score (0.0), output_fields (the prediction's output columns),
+    to_output (prediction -> output), metric_lm and reflection_lm (for llm()), judge_cache (True:
+    memory, a folder, a redis:// URL, False), judge_cache_size (bytes on disk), feedback_limit (20,000
+    characters), memo_size (4096), isolation ("process", the default, or "thread"), workers (the most
+    worker processes), measure (None: when the metric uses reward/observation/service_cost).
+    """
+    if isinstance(source, Metric):
+        reject_options_for_loaded("load_metric()", source, options)
+        return source
+    for name in options:
+        if name not in OPTIONS:
+            raise unknown_option("load_metric()", name, OPTIONS)
+    name = metric_class_name(source)
+    named = type(name, (Metric,), {"__module__": Metric.__module__, "__qualname__": name, "__doc__": Metric.__doc__})
+    return named(source, **options)

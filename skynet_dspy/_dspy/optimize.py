@@ -1,0 +1,98 @@
+"""skynet_dspy.gepa(): dspy.GEPA built around a Skynet metric, one reflection model wired to both.
+
+The reflection model writes new instructions for GEPA and, unless a metric model is given, answers the
+metric's llm() calls too, as the Skynet page promises. Metric options and GEPA's own options are taken
+side by side; `failure_score` goes to both, so a failed metric call scores the same for each.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import dspy
+
+from .._core.values import unknown_option
+from .._judge import endpoint
+from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded
+
+_GEPA_OPTIONS = tuple(
+    name for name in inspect.signature(dspy.GEPA.__init__).parameters if name not in ("self", "metric", "reflection_lm")
+)
+
+
+def gepa(
+    metric: Any,
+    reflection_lm: Any,
+    metric_lm: Any = None,
+    metric_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> dspy.GEPA:
+    """Build `dspy.GEPA` whose metric is the Skynet metric and whose reflection model also answers llm().
+
+    `metric` is a path to metric.py, a module, a `score` callable or a loaded Metric. `reflection_lm` (a
+    LiteLLM model string, a settings dict or a dspy.LM) writes new instructions and, unless `metric_lm` is
+    given, judges in llm(). `options` are load_metric()'s (timeout, output_fields, judge_cache, ...) and
+    dspy.GEPA's (auto, max_metric_calls, num_threads, ...); failure_score goes to both. The metric is on
+    `.skynet_metric`.
+    """
+    if reflection_lm is None:
+        raise ValueError(
+            "skynet_dspy.gepa() needs reflection_lm=: the model that writes new instructions, e.g. "
+            "'openai/gpt-4o' or dspy.LM('openai/gpt-4o', api_key=...)"
+        )
+    metric_settings = dict(metric_options or {})
+    gepa_settings: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in ("metric", "reflection_lm"):
+            raise TypeError("pass metric and reflection_lm once, as gepa()'s own arguments")
+        if name == "failure_score":
+            metric_settings[name] = gepa_settings[name] = value
+        elif name in OPTIONS:
+            metric_settings[name] = value
+        elif name in _GEPA_OPTIONS:
+            gepa_settings[name] = value
+        else:
+            raise unknown_option("skynet_dspy.gepa()", name, (*OPTIONS, *_GEPA_OPTIONS))
+    reflection = as_dspy_lm(reflection_lm)
+    if isinstance(metric, Metric):
+        reject_options_for_loaded("skynet_dspy.gepa()", metric, {k: v for k, v in metric_settings.items()
+                                                                if k != "failure_score"})
+        if "failure_score" in gepa_settings and gepa_settings["failure_score"] != metric.failure_score:
+            raise ValueError(
+                f"failure_score={gepa_settings['failure_score']!r} differs from the loaded Metric's "
+                f"{metric.failure_score!r}; leave it out, or load the metric with that failure_score"
+            )
+        gepa_settings["failure_score"] = metric.failure_score
+        judge = metric.judge
+        if metric_lm is not None:
+            if judge.metric_lm is not None:
+                raise ValueError(
+                    f"this Metric already has a metric model ({judge.metric_lm.describe()}); leave metric_lm out "
+                    "of gepa() or load the metric again without one"
+                )
+            judge.metric_lm = metric_lm
+        if judge.reflection_lm is None:
+            judge.reflection_lm = reflection
+        loaded = metric
+    else:
+        loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)
+        gepa_settings.setdefault("failure_score", loaded.failure_score)
+    optimizer = dspy.GEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
+    optimizer.skynet_metric = loaded
+    return optimizer
+
+
+def as_dspy_lm(spec: Any) -> dspy.BaseLM:
+    """A dspy.LM for a model given as a dspy.LM, a LiteLLM model string or a settings dict."""
+    if isinstance(spec, dspy.BaseLM):
+        return spec
+    if isinstance(spec, (str, Mapping)):
+        found = endpoint(spec, "reflection model")
+        assert found is not None
+        return dspy.LM(**found.litellm_kwargs())
+    raise TypeError(
+        "reflection_lm must be a dspy.LM, a LiteLLM model string ('openai/gpt-4o') or a dict "
+        f"{{'model': ..., 'api_base': ..., 'api_key': ...}}; got {type(spec).__name__}"
+    )

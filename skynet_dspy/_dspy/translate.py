@@ -1,0 +1,130 @@
+"""DSPy ↔ Skynet values (SPEC §3): dspy.Example / dspy.Prediction → plain input, output, expected.
+
+Everything handed to a metric is detached: plain dicts, lists and copies, so nothing the metric
+does to its arguments reaches the dataset or the prediction, and no dspy.Example or
+dspy.Prediction ever reaches it. Only DSPy's public Example API is used (inputs(), items()).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dspy.primitives.example import Example
+
+from .._core.values import closest
+
+# Fields DSPy modules add to a prediction that are not the program's answer.
+BOOKKEEPING_FIELDS = frozenset({"reasoning", "trajectory"})
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None), complex})
+
+
+class MissingOutputField(LookupError):
+    """The prediction lacks an output column the user named; the message names it and the fields present."""
+
+    def __init__(self, missing: list[str], present: list[str]):
+        self.missing = missing
+        self.present = present
+        names = ", ".join(repr(name) for name in missing)
+        guess = closest(missing[0], present) if present else None
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        super().__init__(
+            f"the prediction has no field {names}{hint}; fields present: {', '.join(present) or 'none'}. The program "
+            "must produce every output column named in output_fields"
+        )
+
+
+def detach(value: Any) -> Any:
+    """A copy of `value` the metric may change without touching the dataset or prediction.
+
+    Nested dspy.Example / dspy.Prediction values become plain dicts of their fields.
+    """
+    if type(value) in _IMMUTABLE:
+        return value
+    if isinstance(value, dict):
+        return {key: detach(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [detach(item) for item in value]
+    if type(value) is tuple:
+        return tuple(detach(item) for item in value)
+    if isinstance(value, Example):  # a dspy.Example or dspy.Prediction nested in a field
+        return {key: detach(item) for key, item in value.items()}
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value  # an object that cannot be copied is handed over as it is
+
+
+def split_example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(`input`, `expected`) of a dspy.Example: its input fields, and its label fields or None."""
+    try:
+        inputs = example.inputs()
+    except ValueError:
+        raise ValueError(
+            "the dspy.Example has no input fields marked; call example.with_inputs('field', ...) on the dataset"
+        ) from None
+    input_values = {key: detach(value) for key, value in inputs.items()}
+    labels = {key: detach(value) for key, value in example.items() if key not in input_values}
+    return input_values, (labels or None)
+
+
+def fields_of(record: Any) -> dict[str, Any]:
+    """The user fields of an Example/Prediction or a mapping (DSPy's own dspy_* fields left out)."""
+    if isinstance(record, Example):
+        return dict(record.items())
+    return dict(record)
+
+
+def output_columns(prediction: Any, columns: Sequence[str]) -> dict[str, Any]:
+    """The prediction's output columns named in `columns`; MissingOutputField when one is absent."""
+    fields = fields_of(prediction)
+    missing = [name for name in columns if name not in fields]
+    if missing:
+        raise MissingOutputField(missing, list(fields))
+    return {name: fields[name] for name in columns}
+
+
+def collapse(columns: dict[str, Any]) -> Any:
+    """One column → its bare value; several → a dict of them (SPEC §3)."""
+    if len(columns) == 1:
+        return next(iter(columns.values()))
+    return columns
+
+
+def is_record(prediction: Any) -> bool:
+    """Whether the program's return value is read field by field (a Prediction, an Example, a mapping)."""
+    return isinstance(prediction, (Example, Mapping))
+
+
+def prediction_output(
+    prediction: Any,
+    columns: Sequence[str] | None = None,
+    to_output: Callable[[Any], Any] | None = None,
+) -> Any:
+    """`output`: what the metric sees for what the program returned (see SPEC §3).
+
+    A dspy.Prediction (or Example, or mapping) gives its output columns; anything else the program
+    returned (a str, a list, a Pydantic object) is the output as it is.
+    """
+    if to_output is not None:
+        return detach(to_output(prediction))
+    if not is_record(prediction):
+        return detach(prediction)
+    if columns is None:
+        fields = {key: value for key, value in fields_of(prediction).items() if key not in BOOKKEEPING_FIELDS}
+        return {} if not fields else detach(collapse(fields))
+    return detach(collapse(output_columns(prediction, columns)))
+
+
+def perfect_output(expected: dict[str, Any] | None, columns: Sequence[str] | None = None) -> Any:
+    """The output a perfect program would give: the expected values, shaped like a real output."""
+    if not expected:
+        return None
+    if columns is not None:
+        labelled = {name: expected[name] for name in columns if name in expected}
+        if not labelled:
+            return None
+        # shaped as prediction_output shapes it: several named columns give a dict, even when some are unlabelled
+        return detach(collapse(labelled) if len(columns) == 1 else labelled)
+    return detach(collapse(expected))

@@ -1,0 +1,449 @@
+"""Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input).
+
+The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
+`output`, and gives GEPA `(score, side_info)` where side_info holds only what SPEC §4 lets the
+reflection model see: the feedback text and the named "scores" (GEPA's objective frontier).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dspy.primitives.example import Example
+from gepa.lm import LM as GepaLM
+
+from ._core import loading, secrets
+from ._core.lru import LRU
+from ._core.types import Failure, Outcome, Result
+from ._core.values import exception_text, shorten, unknown_option
+from ._dspy import measure, translate
+from ._dspy.metric import OPTIONS as METRIC_OPTIONS_ALL
+from ._dspy.metric import Metric, load_metric, reject_options_for_loaded
+from ._judge import endpoint, is_lm
+
+if TYPE_CHECKING:
+    from gepa.core.result import GEPAResult
+
+logger = logging.getLogger("skynet_dspy")
+
+# load_metric() options optimize_anything() accepts among its keyword arguments (a program's output
+# is run()'s return value here, so output_fields / to_output do not apply).
+METRIC_OPTIONS = frozenset(METRIC_OPTIONS_ALL) - {"output_fields", "to_output", "metric_lm", "reflection_lm"}
+# Arguments optimize_anything() refuses, and why.
+_REFUSED = {
+    "capture_stdio": "it would show everything the metric and run print (expected values included) "
+    "to the reflection model; write what it should see into the feedback instead",
+    "seed_candidate": "pass the starting artifact as seed=",
+    "evaluator": "optimize_anything builds the evaluator from run= and metric=; "
+    "use make_evaluator() with gepa.optimize_anything to supply your own",
+    "dataset": "pass the examples as trainset=",
+    "config": "pass GEPA settings as keyword arguments (max_metric_calls=..., frontier_type=..., ...)",
+}
+
+
+# -- examples -----------------------------------------------------------------------------
+
+
+def split_row(
+    row: Mapping[str, Any], inputs: Sequence[str] | str, outputs: Sequence[str] | str | None = None
+) -> dict[str, Any]:
+    """Split a flat row into an example by column roles: {"input": {...}, "expected": {...} | None}.
+
+    `inputs` name the columns `run` gets; `outputs` the label columns the metric gets as `expected`
+    (none: `expected` is None). A column named but absent from the row is a ValueError.
+    """
+    if not isinstance(row, Mapping):
+        raise TypeError(f"split_row() takes a row as a dict of columns, got {type(row).__name__}")
+    input_names = _column_names(inputs, "inputs")
+    output_names = _column_names(outputs, "outputs") if outputs is not None else []
+    if not input_names:
+        raise ValueError("split_row() needs at least one input column: inputs=['question', ...]")
+    both = [name for name in input_names if name in output_names]
+    if both:
+        raise ValueError(f"column(s) {', '.join(map(repr, both))} are named in both inputs and outputs; pick one role")
+    missing = [name for name in [*input_names, *output_names] if name not in row]
+    if missing:
+        present = ", ".join(map(repr, row)) or "none"
+        raise ValueError(
+            f"the row has no column {', '.join(map(repr, missing))} (columns present: {present}); "
+            "fix inputs=/outputs= or the data"
+        )
+    expected = {name: translate.detach(row[name]) for name in output_names}
+    return {"input": {name: translate.detach(row[name]) for name in input_names}, "expected": expected or None}
+
+
+def _column_names(names: Sequence[str] | str, role: str) -> list[str]:
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, Sequence) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{role}= takes a list of column names, got {shorten(names)}")
+    return list(names)
+
+
+def as_example(item: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(input, expected) of one example: a split dict {"input", "expected"} or a dspy.Example."""
+    if isinstance(item, Example):
+        return translate.split_example(item)
+    if isinstance(item, Mapping):
+        if "input" not in item:
+            raise ValueError(
+                f"an example dict needs an 'input' key (and optionally 'expected'); got keys "
+                f"{', '.join(map(repr, item)) or 'none'}. Split flat rows with "
+                "skynet_dspy.split_row(row, inputs=[...], outputs=[...])"
+            )
+        extra = [key for key in item if key not in ("input", "expected")]
+        if extra:
+            raise ValueError(
+                f"an example dict holds only 'input' and 'expected'; it also has {', '.join(map(repr, extra))}. "
+                "Put label fields inside 'expected'"
+            )
+        input_values, expected = item["input"], item.get("expected")
+        if not isinstance(input_values, Mapping):
+            raise TypeError(f"an example's 'input' must be a dict of input fields, got {shorten(input_values)}")
+        if expected is not None and not isinstance(expected, Mapping):
+            raise TypeError(f"an example's 'expected' must be a dict of label fields or None, got {shorten(expected)}")
+        return dict(input_values), (dict(expected) if expected is not None else None)
+    raise TypeError(
+        f"an example is a dict {{'input': {{...}}, 'expected': {{...}}}} or a dspy.Example, got {type(item).__name__}"
+    )
+
+
+def _examples(items: Any, name: str) -> list[dict[str, Any]]:
+    """Every example checked up front (so a bad row fails before the run), as plain split dicts."""
+    if items is None or isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{name} must be a list of examples, got {type(items).__name__}")
+    examples = []
+    for number, item in enumerate(items):
+        try:
+            input_values, expected = as_example(item)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}[{number}]: {exc}") from None
+        examples.append({"input": input_values, "expected": expected})
+    if not examples:
+        raise ValueError(f"{name} is empty; give at least one example")
+    return examples
+
+
+# -- run ----------------------------------------------------------------------------------
+
+
+def load_run(source: Any) -> Callable[[Any, Any], Any]:
+    """`run` itself, or the function `run` defined in a run.py at the given path."""
+    if isinstance(source, (str, Path)):
+        source = _load_run_file(Path(source))
+    if not callable(source):
+        raise TypeError(f"run must be a function run(artifact, input) or a path to run.py, got {shorten(source)}")
+    try:
+        inspect.signature(source).bind(None, None)
+    except TypeError:
+        shown = getattr(source, "__qualname__", type(source).__name__)
+        raise TypeError(
+            f"{shown}{inspect.signature(source)} cannot be called as run(artifact, input); "
+            "define `def run(artifact, input):`"
+        ) from None
+    except ValueError:  # a builtin without a readable signature: take it on trust
+        pass
+    return source
+
+
+def _load_run_file(path: Path) -> Callable[..., Any]:
+    """`run` from run.py, loaded as metric files are (a fresh module; modules beside it importable)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"run file not found: {path}")
+    try:
+        module = loading.load_file(path)
+    except loading.MetricLoadError as exc:
+        raise ImportError(str(exc)) from None
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
+    return run
+
+
+# -- the evaluator ------------------------------------------------------------------------
+
+
+class Evaluator:
+    """GEPA's evaluator around run(artifact, input) and a Skynet metric: (score, {feedback, scores}).
+
+    `metric` is the adapter (read `.stats` and `.judge_usage` on it after a run). The same
+    candidate on the same example is run and scored once; later calls reuse that result.
+    """
+
+    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric, memo_size: int | None = None):
+        self.run = run
+        self.metric = metric
+        self._memo: LRU[tuple[Any, str], Result] = LRU(memo_size if memo_size is not None else metric._memo.size)
+        self._warned = False
+
+    def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
+        """Score `candidate` on `example`; side_info holds only "feedback" and (when given) "scores"."""
+        return _side_info(self.evaluate(candidate, example))
+
+    def evaluate(self, candidate: str | dict[str, str], example: Any = None) -> Result:
+        """The full Result (extra side-information keys included) of `candidate` on `example`."""
+        if example is None:
+            raise ValueError(
+                "the evaluator needs an example {'input': ..., 'expected': ...}; give GEPA a dataset "
+                "(single-task search without examples has no input for run())"
+            )
+        input_values, expected = as_example(example)
+        key = _memo_key(candidate, input_values, expected)
+        hit = self._memo.get(key) if key is not None else None
+        if hit is not None:
+            self.metric.scorer.count("memo_hits")
+            return hit.copy()
+        result = self._evaluate(candidate, input_values, expected)
+        if key is not None and result.failure is not Failure.OVERLOADED:  # not run at all: worth trying again
+            self._memo.put(key, result)
+        return result.copy()
+
+    def _evaluate(self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None) -> Result:
+        artifact = dict(candidate) if isinstance(candidate, dict) else candidate
+        try:
+            if self.metric.measuring:
+                output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
+            else:
+                output, observation = self.run(artifact, translate.detach(input_values)), None
+        except Exception as exc:
+            return self._run_failed(exc)
+        return self.metric.score(input_values, output, expected, observation=observation)
+
+    def _run_failed(self, exc: Exception) -> Result:
+        # run() is the program, not the metric: its error (never holding expected values, which run() is not
+        # given) helps the reflection model fix the artifact, so the feedback keeps it.
+        text = f"run(artifact, input) raised {exception_text(exc)}"
+        return self.metric.scorer.failed(
+            Outcome(failure=Failure.RUN_EXCEPTION, error_type=type(exc).__name__, detail=text), feedback=text
+        )
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The metric's counts (calls, memo_hits, failures, run_exception)."""
+        return self.metric.stats
+
+    def __repr__(self) -> str:
+        name = getattr(self.run, "__qualname__", type(self.run).__name__)
+        return f"<skynet_dspy evaluator run={name} metric={self.metric.info.label}>"
+
+
+def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
+    side_info: dict[str, Any] = {"feedback": result.feedback}
+    if result.scores:
+        side_info["scores"] = dict(result.scores)
+    return result.score, side_info
+
+
+def _memo_key(candidate: Any, input_values: Any, expected: Any) -> tuple[Any, str] | None:
+    """A content key for (candidate, example), or None when the example cannot be keyed reliably."""
+    if isinstance(candidate, str):
+        artifact: Any = candidate
+    elif isinstance(candidate, dict):
+        artifact = tuple(sorted((str(name), str(text)) for name, text in candidate.items()))
+    else:
+        return None
+    try:
+        example = json.dumps([input_values, expected], sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return artifact, example
+
+
+def make_evaluator(
+    run: Callable[[Any, Any], Any] | str | Path,
+    metric: Any,
+    *,
+    metric_lm: Any = None,
+    reflection_lm: Any = None,
+    **metric_options: Any,
+) -> Evaluator:
+    """Build a `gepa.optimize_anything` evaluator from `run(artifact, input)` and a Skynet metric.
+
+    `run` is a function or a path to run.py defining `run`; `metric` is what load_metric() takes
+    (a path to metric.py, a module, a score function) or a Metric already built (then used as is,
+    with its own models and options). llm() in the metric goes to `metric_lm`, else `reflection_lm`.
+    `metric_options` go to load_metric (timeout, failure_score, feedback_limit, ...).
+    """
+    run_fn = load_run(run)
+    if isinstance(metric, Metric):
+        given = {**metric_options, **({"metric_lm": metric_lm} if metric_lm is not None else {})}
+        reject_options_for_loaded("make_evaluator()", metric, given)
+        return Evaluator(run_fn, metric)
+    # llm() can call a string, a dict or a dspy.LM; a bare callable reflection model is GEPA's alone
+    judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
+    return Evaluator(run_fn, load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options))
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+class _LiteLLMReflectionLM(GepaLM):
+    """gepa.lm.LM (LiteLLM with retries, cost tracking) whose repr keeps the API key out."""
+
+    def __repr__(self) -> str:
+        return secrets.redact(f"<reflection model {self.model!r}>")
+
+
+class _DspyReflectionLM:
+    """A dspy.LM as GEPA's reflection model: prompt (str or chat messages) -> text."""
+
+    def __init__(self, lm: Any, **overrides: Any):
+        self.lm = lm
+        self.overrides = overrides
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        outputs = self.lm(messages=messages, **self.overrides)
+        first = outputs[0] if outputs else ""
+        if isinstance(first, dict):
+            first = first.get("text") or ""
+        return str(first or "")
+
+    def __repr__(self) -> str:
+        return secrets.redact(f"<reflection model {getattr(self.lm, 'model', self.lm)!r}>")
+
+
+def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
+    """GEPA's reflection model, callable(prompt) -> str, from a LiteLLM model string, a dict or a dspy.LM.
+
+    A string or dict goes through gepa.lm.LM (LiteLLM, with retries); a dict's keys are LiteLLM
+    settings (model, api_base, api_key, temperature, ...). `overrides` are further settings.
+    """
+    if isinstance(model, (str, Mapping)):
+        found = endpoint(model, "reflection model")
+        assert found is not None
+        settings = {**found.litellm_kwargs(), **overrides}
+        return _LiteLLMReflectionLM(settings.pop("model"), **settings)
+    if is_lm(model) and callable(model):
+        endpoint(model, "reflection model")  # registers its key for redaction
+        return _DspyReflectionLM(model, **overrides)
+    if callable(model):
+        return model
+    raise TypeError(
+        "reflection_lm must be a LiteLLM model string ('openai/gpt-4o-mini'), a dict of LiteLLM settings "
+        f"({{'model': ..., 'api_base': ..., 'api_key': ...}}), a dspy.LM or a callable(prompt) -> str; "
+        f"got {shorten(model)}"
+    )
+
+
+# -- the one-call entry point -------------------------------------------------------------
+
+
+def optimize_anything(
+    seed: str | dict[str, str],
+    run: Callable[[Any, Any], Any] | str | Path,
+    metric: Any,
+    trainset: Sequence[Any],
+    valset: Sequence[Any] | None = None,
+    *,
+    reflection_lm: Any,
+    metric_lm: Any = None,
+    objective: str | None = None,
+    background: str | None = None,
+    max_metric_calls: int | None = None,
+    rng_seed: int = 0,
+    **config: Any,
+) -> GEPAResult:
+    """Optimize a text artifact with plain GEPA, scored by the same metric.py that serves DSPy.
+
+    seed: the starting artifact, a str (run gets a str) or a dict of named texts (run gets the dict).
+    run: run(artifact, input) -> output, or a path to run.py defining it; its return value is the
+        metric's `output`. metric: a path to metric.py, a module, a score function, or a Metric.
+    trainset / valset: examples, each {"input": {...}, "expected": {...} | None} (see split_row)
+        or a dspy.Example. Without valset, GEPA validates on trainset.
+    reflection_lm: the model that proposes new versions: a LiteLLM model string, a dict of LiteLLM
+        settings ({"model", "api_base", "api_key", ...}), a dspy.LM, or a callable(prompt) -> str.
+        llm() in the metric uses metric_lm, else this model (unless it is a bare callable).
+    objective / background: plain-language goal and constraints shown to the reflection model.
+    max_metric_calls: GEPA's budget of (candidate, example) evaluations. rng_seed: GEPA's random seed.
+    config: load_metric options (timeout, failure_score, feedback_limit, memo_size, judge_cache), any
+        field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,
+        max_workers, reflection_minibatch_size, logger, run_dir, ...), and merge= (True or a
+        MergeConfig), refiner=, callbacks=, stop_callbacks=.
+    Returns GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
+    Only the feedback text and the named scores reach the reflection model.
+    """
+    from gepa import optimize_anything as oa
+
+    if seed is None:
+        raise ValueError(
+            "seed is required: GEPA's seedless mode shows dataset examples, expected values included, "
+            "to the reflection model. Give a first version of the artifact, even a rough one"
+        )
+    if not isinstance(seed, (str, dict)) or (
+        isinstance(seed, dict) and not all(isinstance(k, str) and isinstance(v, str) for k, v in seed.items())
+    ):
+        raise TypeError(f"seed must be a str or a dict of str names to str texts, got {shorten(seed)}")
+    if reflection_lm is None:
+        raise ValueError("reflection_lm is required: the model that proposes new versions of the artifact")
+
+    groups = _split_config(config)
+    metric_options = groups.pop("metric")
+    if max_metric_calls is None and not any(
+        groups["engine"].get(name) is not None for name in ("max_candidate_proposals", "max_reflection_cost")
+    ) and groups["top"].get("stop_callbacks") is None:
+        raise ValueError("give GEPA a budget: max_metric_calls=... (or max_candidate_proposals=, stop_callbacks=)")
+
+    train = _examples(trainset, "trainset")
+    val = _examples(valset, "valset") if valset is not None else None
+    evaluator = make_evaluator(run, metric, metric_lm=metric_lm, reflection_lm=reflection_lm, **metric_options)
+
+    reflection = groups["reflection"]
+    lm_overrides = reflection.pop("reflection_lm_kwargs", None) or {}
+    reflection["reflection_lm"] = reflection_callable(reflection_lm, **lm_overrides)
+    engine = {"seed": rng_seed, **groups["engine"]}
+    if max_metric_calls is not None:
+        engine["max_metric_calls"] = max_metric_calls
+    top = groups["top"]
+    if top.get("merge") is True:
+        top["merge"] = oa.MergeConfig()
+    elif top.get("merge") is False:
+        top["merge"] = None
+    gepa_config = oa.GEPAConfig(
+        engine=oa.EngineConfig(**engine),
+        reflection=oa.ReflectionConfig(**reflection),
+        tracking=oa.TrackingConfig(**groups["tracking"]),
+        **top,
+    )
+    return oa.optimize_anything(
+        seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
+        evaluator=evaluator,
+        dataset=train,
+        valset=val,
+        objective=objective,
+        background=background,
+        config=gepa_config,
+    )
+
+
+def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Sort optimize_anything()'s keyword arguments into load_metric options and GEPA's config groups."""
+    from gepa import optimize_anything as oa
+
+    fields = {
+        "engine": {f.name for f in dataclasses.fields(oa.EngineConfig)} - {"seed", "max_metric_calls"},
+        "reflection": {f.name for f in dataclasses.fields(oa.ReflectionConfig)} - {"reflection_lm"},
+        "tracking": {f.name for f in dataclasses.fields(oa.TrackingConfig)},
+        "top": {"merge", "refiner", "callbacks", "stop_callbacks"},
+        "metric": set(METRIC_OPTIONS),
+    }
+    groups: dict[str, dict[str, Any]] = {name: {} for name in fields}
+    unknown = []
+    for name, value in config.items():
+        if name in _REFUSED:
+            raise TypeError(f"optimize_anything() does not take {name}=: {_REFUSED[name]}")
+        group = next((group for group, names in fields.items() if name in names), None)
+        if group is None:
+            unknown.append(name)
+        else:
+            groups[group][name] = value
+    if unknown:
+        known = set().union(*fields.values()) - set(_REFUSED) | {"max_metric_calls", "objective", "background"}
+        raise unknown_option("optimize_anything()", unknown[0], known)
+    return groups

@@ -1,0 +1,103 @@
+"""A model to call, from any of the ways a user names one: the one parser of model specs in the package.
+
+A model is a LiteLLM model string ("openai/gpt-4o-mini"), a settings dict {"model", "api_base",
+"api_key", "temperature", ...} or a dspy.LM (its model, base URL, key and sampling settings are used).
+The key is kept apart from the other settings, so no repr of settings can show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .._core import secrets
+
+# dspy.LM settings that are DSPy's own or that the judge sets itself: never sent to LiteLLM.
+_NOT_SENT = frozenset({"rollout_id", "prompt_cache", "num_retries", "max_retries", "cache", "callbacks"})
+_FORMS = (
+    "a LiteLLM model string ('openai/gpt-4o-mini'), a dict {'model': ..., 'api_base': ..., 'api_key': ...} "
+    "or a dspy.LM"
+)
+
+
+class Endpoint:
+    """One model: a LiteLLM model string, its settings (without the key) and its key, for one role."""
+
+    __slots__ = ("model", "settings", "role", "_api_key")
+
+    def __init__(self, model: str, settings: Mapping[str, Any], role: str, api_key: str | None = None):
+        self.model = model
+        self.settings = MappingProxyType({k: v for k, v in settings.items() if k != "api_key"})
+        self.role = role
+        self._api_key = api_key
+        secrets.register(api_key)
+
+    @property
+    def api_base(self) -> str | None:
+        value = self.settings.get("api_base")
+        return value if isinstance(value, str) else None
+
+    @property
+    def has_key(self) -> bool:
+        return bool(self._api_key)
+
+    def litellm_kwargs(self) -> dict[str, Any]:
+        """What LiteLLM is called with: the model, its settings and its key."""
+        kwargs = {"model": self.model, **self.settings}
+        if self._api_key:
+            kwargs["api_key"] = self._api_key
+        return kwargs
+
+    def for_role(self, role: str) -> Endpoint:
+        return Endpoint(self.model, self.settings, role, self._api_key)
+
+    def describe(self) -> str:
+        """'openai/gpt-4o-mini at http://host/v1', with any credential in the URL masked."""
+        where = f" at {self.api_base}" if self.api_base else ""
+        return secrets.redact(f"{self.model}{where}")
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.describe()!r}, role={self.role!r})"
+
+
+def is_lm(spec: Any) -> bool:
+    """Whether `spec` is a dspy.LM, or anything shaped like one (a `model` string and a `kwargs` mapping)."""
+    return isinstance(getattr(spec, "model", None), str) and isinstance(getattr(spec, "kwargs", None), Mapping)
+
+
+def endpoint(spec: Any, role: str) -> Endpoint | None:
+    """The Endpoint for a model given as a string, a settings dict, a dspy.LM or an Endpoint; None stays None."""
+    if spec is None:
+        return None
+    if isinstance(spec, Endpoint):
+        return spec.for_role(role)
+    if isinstance(spec, str):
+        if not spec.strip():
+            raise ValueError(f"{role} is an empty string; give {_FORMS}")
+        return Endpoint(spec.strip(), {}, role)
+    if isinstance(spec, Mapping):
+        settings = dict(spec)
+        model = settings.pop("model", None)
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(
+                f"{role} as a dict needs a 'model' string, e.g. {{'model': 'openai/gpt-4o-mini', "
+                f"'api_base': ..., 'api_key': ...}}; got keys {sorted(map(str, spec))}"
+            )
+        return _from_settings(model.strip(), settings, role)
+    if is_lm(spec):
+        if not isinstance(getattr(spec, "engine", "auto"), str):
+            raise TypeError(
+                f"{role} is a dspy.LM with a custom engine, which LiteLLM cannot call; give the model as "
+                "a LiteLLM string or a dict {'model': ..., 'api_base': ..., 'api_key': ...} instead"
+            )
+        return _from_settings(spec.model, dict(spec.kwargs), role)
+    raise TypeError(f"{role} must be {_FORMS}; got {type(spec).__name__}")
+
+
+def _from_settings(model: str, settings: dict[str, Any], role: str) -> Endpoint:
+    if "base_url" in settings:  # LiteLLM's other name for api_base (an api_base given as well wins)
+        settings.setdefault("api_base", settings.pop("base_url"))
+    cleaned = {key: value for key, value in settings.items() if value is not None and key not in _NOT_SENT}
+    key = cleaned.pop("api_key", None)
+    return Endpoint(model, cleaned, role, key if isinstance(key, str) else None)

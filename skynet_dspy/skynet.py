@@ -1,0 +1,86 @@
+"""The helper module metric code imports as `skynet`: llm, reward, observation, service_cost.
+
+`import skynet_dspy` (and loading any metric file, in any process) registers this module as `skynet`,
+so `from skynet import llm, reward, observation, service_cost` works unchanged in metric.py. It needs
+nothing but the DSPy-free core: it is what metric worker processes import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import context
+from ._core import reward as _reward
+from ._core.errors import LLMCallError, ModelNotConfigured, SpendCapReached
+from ._core.types import Failure, Observation
+
+__all__ = ["llm", "reward", "observation", "service_cost", "Observation"]
+
+_PROBLEMS: tuple[tuple[type[Exception], Failure], ...] = (
+    (ModelNotConfigured, Failure.JUDGE_NOT_CONFIGURED),
+    (SpendCapReached, Failure.SPEND_CAP),
+    (LLMCallError, Failure.JUDGE_ERROR),
+)
+
+
+def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
+    """Ask the metric model (or, when none is set, the reflection model) and return its text.
+
+    `instructions` is the system message and `input` the user message; without `input`,
+    `instructions` is the only (user) message. `settings` are LiteLLM settings for this call
+    (temperature, max_tokens, ...). Raises ModelNotConfigured when no model is set, LLMCallError
+    when the model cannot answer.
+    """
+    if not isinstance(instructions, str):
+        raise TypeError(f"llm() instructions must be a str, got {type(instructions).__name__}")
+    if input is not None and not isinstance(input, str):
+        raise TypeError(
+            f"llm() input must be a str or None, got {type(input).__name__}; format it first, e.g. json.dumps(...)"
+        )
+    call = context.current_or_none()
+    handler = call.llm if call is not None else context.default_llm()
+    if handler is None:
+        raise ModelNotConfigured(
+            "skynet.llm() has no model to call here. Inside a metric run it uses the metric model or the reflection "
+            "model given to skynet_dspy.load_metric(...) / skynet_dspy.gepa(...); to try a metric by hand, call "
+            "skynet_dspy.configure_llm(metric_lm=...) first."
+        )
+    try:
+        return handler(instructions, input, settings)
+    except Exception as exc:
+        if call is not None:
+            for kind_of_error, kind in _PROBLEMS:
+                if isinstance(exc, kind_of_error):
+                    call.note_judge_problem(kind, str(exc))
+                    break
+        raise
+
+
+def reward(spec: dict, accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
+    """Combine `accuracy` with the measured speed and cost of this example's run (SPEC §5).
+
+    Returns a valid metric return value: (total, {"feedback": ..., "scores": {accuracy, speed, cost}}).
+    """
+    call = context.current("reward")
+    return _reward.compute(spec, accuracy, feedback, call.observation, call.unmeasured_reason)
+
+
+def observation() -> Observation:
+    """The program's measured run on the example being scored (read-only).
+
+    Fields: run_ms (wall time, ms), cost_usd (USD, None when a price is unknown), model_calls,
+    prompt_tokens, completion_tokens, total_tokens; a figure that was not measured is None,
+    and cost_unknown_reason / unmeasured_reason say why.
+    """
+    return _observed(context.current("observation"))
+
+
+def service_cost() -> float | None:
+    """The USD cost of the model calls this example's run made, or None when it cannot be measured."""
+    return _observed(context.current("service_cost")).cost_usd
+
+
+def _observed(call: context.MetricCall) -> Observation:
+    if call.observation is None:
+        return Observation.unmeasured(call.unmeasured_reason)
+    return call.observation

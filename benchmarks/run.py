@@ -1,6 +1,6 @@
 """`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Seven benchmarks, each against its baseline in the same run:
+Eight benchmarks, each against its baseline in the same run:
 
 1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
    with isolation="thread", vs the bare `score(input, output, expected)`;
@@ -12,7 +12,9 @@ Seven benchmarks, each against its baseline in the same run:
 6. the isolation layer alone: `metric.score(...)` in a worker process, in a thread, vs the bare
    score; and, when pebble is installed, a pebble ProcessPool round trip for reference;
 7. a CPU-bound metric (about 20 ms of pure Python per call) under dspy.Evaluate(num_threads=4):
-   worker processes vs threads.
+   worker processes vs threads;
+8. the judge cache that outlives the process: two identical dspy.GEPA runs in sequence on one disk
+   cache, and two at once in two processes sharing one Redis cache (judge requests and dollars).
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -33,14 +35,14 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("TQDM_DISABLE", "1")
 
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
-NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound"}
+NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
+         8: "judge_cache"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 5, 7, 4, 2, 3)
+ORDER = (1, 6, 5, 7, 4, 2, 8, 3)
 
 
 @dataclass
@@ -153,6 +155,12 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
         say(f"CPU-bound metric: dspy.Evaluate(num_threads={isolation.EVALUATE_THREADS}), {sizes.cpu_examples} "
             f"examples, processes vs threads, {sizes.cpu_repeats} run(s) each ...")
         return isolation.cpu_bound(sizes.cpu_examples, sizes.cpu_repeats)
+    if number == 8:
+        from benchmarks import judge_cache
+
+        say(f"judge cache: budget {sizes.gepa_budget}, two GEPA runs on one disk cache, then two processes on one "
+            "Redis cache ...")
+        return judge_cache.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -309,7 +317,43 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
             f"processes {c['speedup']:.2f}× threads",
             f"≥ {c['target_speedup']:g}× on 2 cores: {_met(c['target_met'])}",
         ))
+    if "judge_cache" in doc:
+        out += _judge_cache_rows(doc["judge_cache"])
     return out
+
+
+def _dollars(value: float | None) -> str:
+    return "unpriced" if value is None else f"${value:.6f}"
+
+
+def _judge_cache_rows(found: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    d, r = found["disk"], found["redis"]
+    first, second = d["first"], d["second"]
+    rows = [(
+        f"8a. Judge cache on disk (`judge_cache=\"<folder>\"`): two identical `dspy.GEPA` runs in sequence "
+        f"(bundled example, max_metric_calls={d['budget']}, seed {d['seed']}, a fresh metric each)",
+        f"second run: {second['server_judge_requests']} judge requests, {_dollars(second['dollars'])} "
+        f"({second['judge_cache_hits']} answers from the disk cache)",
+        f"first run: {first['server_judge_requests']} judge requests, {_dollars(first['dollars'])}",
+        f"{first['server_judge_requests'] - second['server_judge_requests']} requests and "
+        f"{_dollars((first['dollars'] or 0.0) - (second['dollars'] or 0.0))} saved"
+        + ("" if d["same_result"] else " (the runs' results differ: see the JSON)"),
+        f"the second run pays nothing: {_met(d['target_met'])}",
+    )]
+    if "skipped" in r:
+        rows.append(("8b. Judge cache in Redis: two processes at once", r["skipped"], "n/a", "n/a", "not run"))
+        return rows
+    each = "; ".join(f"process {n}: {p['judge_requests']} requests, {_dollars(p['dollars'])}, "
+                     f"{p['judge_cache_hits']} cache hits" for n, p in enumerate(r["processes"], 1))
+    rows.append((
+        f"8b. Judge cache in Redis (`judge_cache=\"redis://...\"`): the same `dspy.GEPA` run in two processes at "
+        f"once (max_metric_calls={r['budget']}, seed {r['seed']})",
+        f"{r['paid_requests']} judge requests paid in all, {_dollars(r['dollars'])} ({each})",
+        f"one run alone: {r['distinct_judge_requests']} distinct judge requests",
+        f"{r['server_judge_requests']} requests reached the judge for {r['distinct_judge_requests']} distinct",
+        f"each distinct request paid once: {_met(r['target_met'])}",
+    ))
+    return rows
 
 
 _W = "workers_rss_mb"
@@ -405,6 +449,7 @@ def _positive(kind: type) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of DSPy and GEPA would bury the table
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds), e.g. for the test suite")
     parser.add_argument("--only", type=_only, default=ALL, help="benchmarks to run, e.g. 1,4 (default: all)")

@@ -72,6 +72,7 @@ class DemoResult:
     judge_usage: Any
     metric_stats: dict[str, int] = field(default_factory=dict)
     server: Any = None  # the scripted server when running locally (its .requests are every model call)
+    optimization: Any = None  # skynet_dspy.report(optimizer): GEPA's candidates and the run's cost receipt
 
 
 def _models(api_base: str | None) -> tuple[dspy.LM, dspy.LM, str]:
@@ -194,6 +195,8 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
             + ", ".join(f"#{i} {s:.3f}" for i, s in enumerate(candidate_scores)))
         instruction = optimized_program.predict.signature.instructions
         out("Best instruction:\n  " + instruction.replace("\n", "\n  "))
+        optimization = skynet_dspy.report(optimizer)  # what GEPA found, and what the run cost
+        out(f"\n{optimization.receipt}")
 
         judge = skynet_dspy.load_metric(JUDGE_METRIC, reflection_lm=reflection_lm, output_fields="label")
         judge_baseline = _judge_score(program, val, judge)
@@ -206,7 +209,7 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
     out(f"\nGEPA {verdict} the validation score: {baseline.score:.3f} -> {optimized.score:.3f} "
         f"(accuracy {baseline.accuracy:.0%} -> {optimized.accuracy:.0%})")
     return DemoResult(report, baseline, optimized, candidate_scores, instruction, judge_baseline, judge_optimized,
-                      judge.judge_usage, metric.stats, server)
+                      judge.judge_usage, metric.stats, server, optimization)
 
 
 def cli() -> int:

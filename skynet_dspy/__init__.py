@@ -23,7 +23,7 @@ _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from . import skynet  # noqa: E402
 from ._core.contract import validate_return  # noqa: E402
-from ._core.types import Failure, JudgeUsage, Observation, Result  # noqa: E402
+from ._core.types import Failure, JudgeUsage, Observation, ProgramUsage, Result  # noqa: E402
 from .errors import (  # noqa: E402
     ContractViolation,
     LLMCallError,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._dspy.optimize import gepa
     from ._gepa import make_evaluator, optimize_anything, split_row
     from ._judge import configure_llm
+    from ._results import CostReceipt, OptimizationReport, log_to_mlflow, report, results_frame
 
 # Public names whose modules pull in DSPy, GEPA or LiteLLM: imported on first use.
 _LAZY = {
@@ -61,6 +62,11 @@ _LAZY = {
     "optimize_anything": "._gepa",
     "split_row": "._gepa",
     "configure_llm": "._judge",
+    "CostReceipt": "._results",
+    "OptimizationReport": "._results",
+    "log_to_mlflow": "._results",
+    "report": "._results",
+    "results_frame": "._results",
 }
 
 
@@ -81,6 +87,7 @@ __all__ = [
     "CheckItem",
     "ContractReport",
     "ContractViolation",
+    "CostReceipt",
     "Failure",
     "JudgeUsage",
     "LLMCallError",
@@ -89,7 +96,9 @@ __all__ = [
     "MissingExtra",
     "ModelNotConfigured",
     "Observation",
+    "OptimizationReport",
     "OutsideMetricCall",
+    "ProgramUsage",
     "Result",
     "RewardSpecError",
     "Score",
@@ -101,8 +110,11 @@ __all__ = [
     "gepa",
     "helpers",
     "load_metric",
+    "log_to_mlflow",
     "make_evaluator",
     "optimize_anything",
+    "report",
+    "results_frame",
     "skynet",
     "split_row",
     "validate_return",

@@ -1,20 +1,25 @@
-"""The command line: `skynet-dspy check METRIC.py --data CASES.jsonl [options]`.
+"""The command line: `skynet-dspy check METRIC.py --data CASES.jsonl [options]` and
+`skynet-dspy score METRIC.py --data OUTPUTS.jsonl [--out results.csv|.jsonl] [--threads N]`.
 
-Exit codes: 0 the contract holds, 1 it is broken, 2 bad arguments or unreadable files, 130 interrupted.
+Exit codes: check: 0 the contract holds, 1 it is broken; score: 0 every call worked, 1 some failed (or the
+metric does not load); both: 2 bad arguments or unreadable files, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from ._core import secrets
 from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader closed the pipe
 
 
 class UsageError(Exception):
@@ -90,19 +95,85 @@ def _parser() -> argparse.ArgumentParser:
         help="where score runs: worker processes (default) or threads of this process",
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
+    _score_parser(commands)
     return parser
+
+
+def _threads(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 256:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of threads from 1 to 256")
+    return number
+
+
+def _score_parser(commands: Any) -> None:
+    """`skynet-dspy score`: every case of a JSONL file scored, one row each, from a pool of threads."""
+    score = commands.add_parser(
+        "score",
+        help="score every case of a JSONL file with a metric.py",
+        description="Score every case of OUTPUTS.jsonl with METRIC.py and write one row per case (score, named "
+        "scores, feedback, failure). Exit code: 0 every call worked, 1 some failed (the summary on stderr says how "
+        "many and of which kind) or the metric does not load, 2 bad arguments or unreadable files.",
+    )
+    score.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
+    score.add_argument(
+        "--data", type=Path, required=True, metavar="OUTPUTS.jsonl",
+        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}, as for check; flat rows with '
+        "--inputs",
+    )
+    score.add_argument(
+        "--out", type=Path, default=None, metavar="results.csv|results.jsonl",
+        help="where to write the rows (.csv or .jsonl); without it, JSONL rows on standard output",
+    )
+    score.add_argument("--threads", type=_threads, default=4, metavar="N",
+                       help="calls of score made at a time (default 4; each thread gets a worker process)")
+    score.add_argument(
+        "--inputs", type=_names, default=None, metavar="NAME[,NAME...]",
+        help="read flat rows: these keys are the input fields, every other key an expected value",
+    )
+    score.add_argument(
+        "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
+        help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
+    )
+    score.add_argument("--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
+                       help="the output fields, for cases that give no output (their expected values are scored)")
+    score.add_argument("--metric-lm", default=None, metavar="MODEL",
+                       help="the model llm() calls, any LiteLLM model string (its key from the environment)")
+    score.add_argument("--api-base", default=None, metavar="URL", help="an OpenAI-compatible base URL for --metric-lm")
+    score.add_argument("--isolation", choices=("process", "thread"), default="process",
+                       help="where score runs: worker processes (default) or threads of this process")
 
 
 def _check(args: argparse.Namespace) -> int:
     from ._check import check_contract, read_jsonl
 
+    options = _metric_options(args)
+    rows = read_jsonl(args.data, args.inputs)
+    progress = _progress("skynet-dspy check", "calls") if not args.json else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
+            report = check_contract(
+                args.metric, rows, max_cases=None if args.all else args.cases, inputs=args.inputs,
+                progress=progress, **options,
+            )
+    finally:
+        if progress is not None:
+            progress.close()  # clears its line: the report starts on a clean one
+    print(report.to_json() if args.json else report)
+    return EXIT_OK if report.ok else EXIT_BROKEN
+
+
+def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load_metric options from the arguments check and score share; a UsageError for a bad metric path."""
     if args.metric.is_dir():
         raise UsageError(f"{args.metric} is a folder; give the path of the metric file, e.g. metric.py")
     if not args.metric.is_file():
         raise UsageError(f"metric file not found: {args.metric}")
     if args.api_base and not args.metric_lm:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
-    rows = read_jsonl(args.data, args.inputs)
     options: dict[str, Any] = {
         "timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation
     }
@@ -111,28 +182,62 @@ def _check(args: argparse.Namespace) -> int:
         if args.api_base:
             model = {"model": args.metric_lm, "api_base": args.api_base}
         options["metric_lm"] = model
-    progress = _progress() if not args.json else None
-    with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
-        report = check_contract(
-            args.metric, rows, max_cases=None if args.all else args.cases, inputs=args.inputs, progress=progress,
-            **options,
-        )
-    print(report.to_json() if args.json else report)
-    return EXIT_OK if report.ok else EXIT_BROKEN
+    return options
 
 
-def _progress() -> Any:
-    """A progress line on stderr for checks that take a while (a judge, a slow metric); silent when quick."""
+def _progress(label: str, unit: str) -> Any:
+    """A progress bar on stderr for runs that take a while (a judge, a slow metric): shown on a terminal only,
+    after a second, with the elapsed time moving even while one slow call runs."""
+    from ._results.progress import Progress
+
+    return Progress(label, unit=unit)
+
+
+def _score(args: argparse.Namespace) -> int:
+    """Score every case; write the rows; exit 0 when every call worked, 1 when some failed."""
     import time
 
-    started = time.monotonic()
+    from ._check import parse_case, read_jsonl
+    from ._dspy.metric import load_metric
+    from ._results import scoring
+    from .errors import MetricLoadError, RewardSpecError, WorkerError
 
-    def show(done: int, planned: int) -> None:
-        if time.monotonic() - started > 1.0 and sys.stderr.isatty():
-            end = "\n" if done == planned else "\r"
-            print(f"skynet-dspy check: {done}/{planned} calls", end=end, file=sys.stderr, flush=True)
-
-    return show
+    options = _metric_options(args)
+    kind = None
+    if args.out is not None:
+        kind = {".csv": "csv", ".jsonl": "jsonl"}.get(args.out.suffix.lower())
+        if kind is None:
+            raise UsageError(f"--out {args.out}: write the rows to a .csv or a .jsonl file")
+        if args.out.is_dir() or not args.out.parent.is_dir():
+            raise UsageError(f"--out {args.out}: no such folder to write the file in")
+    cases = [parse_case(row, args.inputs) for row in read_jsonl(args.data, args.inputs)]
+    try:
+        metric = load_metric(args.metric, measure=False, workers=args.threads, **options)
+    except (MetricLoadError, RewardSpecError, WorkerError) as exc:
+        print(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}"),
+              file=sys.stderr)
+        return EXIT_BROKEN
+    progress = _progress("skynet-dspy score", "cases")
+    progress.update(0, len(cases))
+    started = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the rows
+            scored = scoring.score_cases(metric, cases, threads=args.threads, progress=progress.advance)
+    finally:
+        progress.close()
+        metric.close()
+    summary = scoring.summarize(scored, time.perf_counter() - started)
+    if args.out is None:
+        scoring.write_jsonl(sys.stdout, scored)
+    else:
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as handle:
+                (scoring.write_csv if kind == "csv" else scoring.write_jsonl)(handle, scored)
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot write the rows: {exc.strerror or exc}") from None
+    where = f"; rows in {args.out}" if args.out is not None else ""
+    print(f"skynet-dspy score: {summary}{where}", file=sys.stderr)
+    return EXIT_BROKEN if summary.failed else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,13 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     from ._check import DataError
 
     try:
-        return _check(args)
+        return _score(args) if args.command == "score" else _check(args)
     except (UsageError, DataError, ValueError, TypeError) as exc:  # check_contract's errors name a bad option or case
-        print(f"skynet-dspy: error: {exc}", file=sys.stderr)
+        print(secrets.redact(f"skynet-dspy: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("skynet-dspy: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`skynet-dspy check ... --json | head`): stop without a traceback
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # Python flushes stdout at exit: let that find no pipe
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

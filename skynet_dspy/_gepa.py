@@ -10,27 +10,25 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspy.primitives.example import Example
-from gepa.lm import LM as GepaLM
 
 from ._core import loading, secrets
-from ._core.lru import LRU
+from ._core.errors import SpendCapReached
+from ._core.logs import logger as logger
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
-from ._dspy import measure, translate
+from ._dspy import measure, record, translate
+from ._dspy.budget import check_budget
 from ._dspy.metric import OPTIONS as METRIC_OPTIONS_ALL
 from ._dspy.metric import Metric, load_metric, reject_options_for_loaded
 from ._judge import endpoint, is_lm
 
 if TYPE_CHECKING:
     from gepa.core.result import GEPAResult
-
-logger = logging.getLogger("skynet_dspy")
 
 # load_metric() options optimize_anything() accepts among its keyword arguments (a program's output
 # is run()'s return value here, so output_fields / to_output do not apply).
@@ -130,6 +128,57 @@ def _examples(items: Any, name: str) -> list[dict[str, Any]]:
     return examples
 
 
+class ExampleLoader:
+    """A GEPA data loader over checked examples, with the ids `example_loaders` gives them."""
+
+    def __init__(self, ids: list[int], items: list[dict[str, Any]]):
+        self._ids = ids
+        self._by_id = dict(zip(ids, items, strict=True))
+
+    def all_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def fetch(self, ids: Sequence[int]) -> list[dict[str, Any]]:
+        return [self._by_id[data_id] for data_id in ids]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def example_loaders(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> tuple[ExampleLoader, ExampleLoader]:
+    """(train, val) loaders whose ids never name two different examples.
+
+    GEPA's evaluation cache is keyed by (candidate, example id), and gepa 0.1.4 numbers a separate valset
+    from 0 like the trainset, so a valset score could be read from an unrelated training example's
+    evaluation (gepa-ai/gepa#424). Here the valset keeps its positions as ids, a training example equal to
+    a valset one shares its id (one evaluation serves both), and the others are numbered after the valset.
+    """
+    first_in_val: dict[str, int] = {}
+    for position, item in enumerate(val):
+        key = _content_key(item)
+        if key is not None:
+            first_in_val.setdefault(key, position)
+    shared: set[int] = set()
+    train_ids = []
+    for position, item in enumerate(train):
+        key = _content_key(item)
+        same = first_in_val.get(key) if key is not None else None
+        if same is not None and same not in shared:
+            shared.add(same)
+            train_ids.append(same)
+        else:
+            train_ids.append(len(val) + position)
+    return ExampleLoader(train_ids, train), ExampleLoader(list(range(len(val))), val)
+
+
+def _content_key(item: dict[str, Any]) -> str | None:
+    """The example's content as text, or None when it is not plain data (such an example shares no id)."""
+    try:
+        return json.dumps(item, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
 # -- run ----------------------------------------------------------------------------------
 
 
@@ -172,15 +221,14 @@ def _load_run_file(path: Path) -> Callable[..., Any]:
 class Evaluator:
     """GEPA's evaluator around run(artifact, input) and a Skynet metric: (score, {feedback, scores}).
 
-    `metric` is the adapter (read `.stats` and `.judge_usage` on it after a run). The same
-    candidate on the same example is run and scored once; later calls reuse that result.
+    `metric` is the adapter (read `.stats` and `.judge_usage` on it after a run). Every call runs and
+    scores: repeats are GEPA's to skip, with its own evaluation cache (optimize_anything() turns on
+    cache_evaluation), so a repeated (candidate, example) costs neither a run nor budget.
     """
 
-    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric, memo_size: int | None = None):
+    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric):
         self.run = run
         self.metric = metric
-        self._memo: LRU[tuple[Any, str], Result] = LRU(memo_size if memo_size is not None else metric._memo.size)
-        self._warned = False
 
     def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
         """Score `candidate` on `example`; side_info holds only "feedback" and (when given) "scores"."""
@@ -194,23 +242,20 @@ class Evaluator:
                 "(single-task search without examples has no input for run())"
             )
         input_values, expected = as_example(example)
-        key = _memo_key(candidate, input_values, expected)
-        hit = self._memo.get(key) if key is not None else None
-        if hit is not None:
-            self.metric.scorer.count("memo_hits")
-            return hit.copy()
-        result = self._evaluate(candidate, input_values, expected)
-        if key is not None and result.failure is not Failure.OVERLOADED:  # not run at all: worth trying again
-            self._memo.put(key, result)
-        return result.copy()
+        return self._evaluate(candidate, input_values, expected)
 
     def _evaluate(self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None) -> Result:
         artifact = dict(candidate) if isinstance(candidate, dict) else candidate
+        cap = self.metric.program_cap
         try:
+            if cap is not None:
+                cap.check()  # the program's spending cap is reached: run() is not even started
             if self.metric.measuring:
                 output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
             else:
                 output, observation = self.run(artifact, translate.detach(input_values)), None
+        except SpendCapReached as exc:  # a model call run() made was refused: no more is spent
+            return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc)))
         except Exception as exc:
             return self._run_failed(exc)
         return self.metric.score(input_values, output, expected, observation=observation)
@@ -225,7 +270,7 @@ class Evaluator:
 
     @property
     def stats(self) -> dict[str, int]:
-        """The metric's counts (calls, memo_hits, failures, run_exception)."""
+        """The metric's counts (calls, failures by kind: run_exception, spend_cap, ...)."""
         return self.metric.stats
 
     def __repr__(self) -> str:
@@ -233,26 +278,18 @@ class Evaluator:
         return f"<skynet_dspy evaluator run={name} metric={self.metric.info.label}>"
 
 
+# Failures that say nothing of the candidate (the metric was not run, or a spending cap refused the calls):
+# GEPA's evaluation cache must not keep them, and this side_info key is how its adapter is told so.
+_NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP})
+
+
 def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
     side_info: dict[str, Any] = {"feedback": result.feedback}
     if result.scores:
         side_info["scores"] = dict(result.scores)
+    if result.failure in _NOT_KEPT:
+        side_info["_gepa_transient_failure"] = True
     return result.score, side_info
-
-
-def _memo_key(candidate: Any, input_values: Any, expected: Any) -> tuple[Any, str] | None:
-    """A content key for (candidate, example), or None when the example cannot be keyed reliably."""
-    if isinstance(candidate, str):
-        artifact: Any = candidate
-    elif isinstance(candidate, dict):
-        artifact = tuple(sorted((str(name), str(text)) for name, text in candidate.items()))
-    else:
-        return None
-    try:
-        example = json.dumps([input_values, expected], sort_keys=True)
-    except (TypeError, ValueError):
-        return None
-    return artifact, example
 
 
 def make_evaluator(
@@ -283,8 +320,12 @@ def make_evaluator(
 # -- models -------------------------------------------------------------------------------
 
 
-class _LiteLLMReflectionLM(GepaLM):
-    """gepa.lm.LM (LiteLLM with retries, cost tracking) whose repr keeps the API key out."""
+class _LiteLLMReflectionLM(record.CountingLM):
+    """gepa.lm.LM (LiteLLM with retries, cost tracking) whose repr, and its kwargs' repr, keep the API key out."""
+
+    def __init__(self, model: str, **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self.completion_kwargs = secrets.RedactedDict(self.completion_kwargs)
 
     def __repr__(self) -> str:
         return secrets.redact(f"<reflection model {self.model!r}>")
@@ -295,7 +336,7 @@ class _DspyReflectionLM:
 
     def __init__(self, lm: Any, **overrides: Any):
         self.lm = lm
-        self.overrides = overrides
+        self.overrides = secrets.RedactedDict(overrides)
 
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -361,11 +402,16 @@ def optimize_anything(
         settings ({"model", "api_base", "api_key", ...}), a dspy.LM, or a callable(prompt) -> str.
         llm() in the metric uses metric_lm, else this model (unless it is a bare callable).
     objective / background: plain-language goal and constraints shown to the reflection model.
-    max_metric_calls: GEPA's budget of (candidate, example) evaluations. rng_seed: GEPA's random seed.
-    config: load_metric options (timeout, failure_score, feedback_limit, memo_size, judge_cache), any
+    max_metric_calls: GEPA's budget of (candidate, example) evaluations, checked before the run (a
+        warning names the smallest that buys the valset evaluation and a few proposals). GEPA's
+        evaluation cache is on (cache_evaluation=True; in run_dir= when given, so a resumed run pays
+        nothing twice): a repeated (candidate, example) costs no run, no metric call and no budget.
+        rng_seed: GEPA's random seed.
+    config: load_metric options (timeout, failure_score, feedback_limit, judge_cache, judge_cache_size,
+        max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending cap is reached), any
         field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,
-        max_workers, reflection_minibatch_size, logger, run_dir, ...), and merge= (True or a
-        MergeConfig), refiner=, callbacks=, stop_callbacks=.
+        max_workers, reflection_minibatch_size, logger, run_dir, cache_evaluation, ...), and merge= (True
+        or a MergeConfig), refiner=, callbacks=, stop_callbacks=.
     Returns GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
     Only the feedback text and the named scores reach the reflection model.
     """
@@ -392,15 +438,24 @@ def optimize_anything(
 
     train = _examples(trainset, "trainset")
     val = _examples(valset, "valset") if valset is not None else None
+    if max_metric_calls is not None:
+        check_budget("skynet_dspy.optimize_anything()", max_metric_calls, len(val or train),
+                     groups["reflection"].get("reflection_minibatch_size") or 3)
     evaluator = make_evaluator(run, metric, metric_lm=metric_lm, reflection_lm=reflection_lm, **metric_options)
 
     reflection = groups["reflection"]
     lm_overrides = reflection.pop("reflection_lm_kwargs", None) or {}
     reflection["reflection_lm"] = reflection_callable(reflection_lm, **lm_overrides)
-    engine = {"seed": rng_seed, **groups["engine"]}
+    engine = {"seed": rng_seed, "cache_evaluation": True, **groups["engine"]}
     if max_metric_calls is not None:
         engine["max_metric_calls"] = max_metric_calls
     top = groups["top"]
+    if evaluator.metric.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
+        given = top.get("stop_callbacks")
+        stoppers = [] if given is None else list(given) if isinstance(given, Sequence) else [given]
+        top["stop_callbacks"] = [*stoppers, evaluator.metric.stop_callback]
+    # ids that never name two different examples, for GEPA's evaluation cache (see example_loaders)
+    dataset, validation = (train, None) if val is None else example_loaders(train, val)
     if top.get("merge") is True:
         top["merge"] = oa.MergeConfig()
     elif top.get("merge") is False:
@@ -411,15 +466,17 @@ def optimize_anything(
         tracking=oa.TrackingConfig(**groups["tracking"]),
         **top,
     )
-    return oa.optimize_anything(
-        seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
-        evaluator=evaluator,
-        dataset=train,
-        valset=val,
-        objective=objective,
-        background=background,
-        config=gepa_config,
-    )
+    with record.Recorder(evaluator.metric, reflection["reflection_lm"]) as recorder:  # for skynet_dspy.report()
+        result = oa.optimize_anything(
+            seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
+            evaluator=evaluator,
+            dataset=dataset,
+            valset=validation,
+            objective=objective,
+            background=background,
+            config=gepa_config,
+        )
+    return record.attach(result, recorder.record)
 
 
 def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -5,28 +5,5 @@ message is redacted: no credential reaches a traceback, a log line or a notebook
 defined in the DSPy-free core (metric worker processes raise them too) and named here.
 """
 
-from ._core.errors import (
-    ContractViolation,
-    LLMCallError,
-    MetricLoadError,
-    MissingExtra,
-    ModelNotConfigured,
-    OutsideMetricCall,
-    RewardSpecError,
-    SkynetDspyError,
-    SpendCapReached,
-    WorkerError,
-)
-
-__all__ = [
-    "ContractViolation",
-    "LLMCallError",
-    "MetricLoadError",
-    "MissingExtra",
-    "ModelNotConfigured",
-    "OutsideMetricCall",
-    "RewardSpecError",
-    "SkynetDspyError",
-    "SpendCapReached",
-    "WorkerError",
-]
+from ._core.errors import *  # noqa: F403 - this module is the public name of the core's exceptions
+from ._core.errors import __all__ as __all__

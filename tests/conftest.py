@@ -9,6 +9,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
 import pytest  # noqa: E402
+from redis_support import own_redis, redis_server, redis_url  # noqa: E402, F401 - fixtures: a real redis-server
 
 from skynet_dspy._core import context  # noqa: E402
 from skynet_dspy._judge import judge  # noqa: E402

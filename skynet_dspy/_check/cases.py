@@ -20,6 +20,7 @@ from .._core.values import shorten
 CASES_CHECKED = 3
 CASE_KEYS = ("input", "output", "expected")
 MAX_DATA_BYTES = 512 * 2**20  # a data file larger than this is refused (an endless file, a device)
+MAX_DEPTH = 100  # levels of lists and dicts a case may nest: deeper data would overflow Python's stack later
 
 
 class DataError(ValueError):
@@ -50,6 +51,11 @@ def parse_case(example: Any, inputs: Sequence[str] | None = None) -> Case:
             "each case must be a dspy.Example or a dict {'input': {...}, 'output': ..., 'expected': {...}}; "
             f"got {shorten(example)}"
         )
+    if nested_deeper_than(example, MAX_DEPTH):
+        raise DataError(
+            f"the case nests lists or dicts more than {MAX_DEPTH} levels deep; the metric's input, output and "
+            "expected values must be flatter than that"
+        )
     if inputs is not None:
         return _flat_row(example, inputs)
     unknown = [str(key) for key in example if key not in CASE_KEYS]
@@ -71,6 +77,22 @@ def parse_case(example: Any, inputs: Sequence[str] | None = None) -> Case:
             f"a case needs an 'output' to score, or 'expected' values to use as the output; got {shorten(example)}"
         )
     return Case(example["input"], expected or None, example.get("output"), "output" in example)
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists, tuples or dicts more than `limit` levels deep; iterative, so any depth is read."""
+    stack = [(value, 1)]
+    seen: set[int] = set()  # a value shared (or a cycle) is looked at once
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)) or id(item) in seen:
+            continue
+        if depth > limit:
+            return True
+        seen.add(id(item))
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _flat_row(row: dict[str, Any], inputs: Sequence[str]) -> Case:

@@ -20,6 +20,7 @@ _WIDTH = 120
 _MARKS = {Status.PASSED: " ok ", Status.FAILED: "FAIL", Status.WARNING: "warn", Status.NOT_RUN: " -- "}
 _COLORS = {Status.PASSED: "#1a7f37", Status.FAILED: "#cf222e", Status.WARNING: "#9a6700", Status.NOT_RUN: "#6e7781"}
 _CELL = "text-align:left;vertical-align:top;white-space:pre-wrap"
+_FEEDBACK_LINES = 8  # lines of one call's feedback the text report shows
 
 
 class Role(StrEnum):
@@ -141,12 +142,16 @@ class ContractReport:
         if self.calls:
             lines.append("")
             lines.append("Calls:")
-            label_width = max(len(call.label) for call in self.calls)
-            room = max(40, _WIDTH - label_width - 14)
+            label_width = max(len("call"), *(len(call.label) for call in self.calls))
+            score_width = max(len("score"), *(len(_score_text(call.result)) for call in self.calls))
+            under = " " * (label_width + score_width + 6)  # where the feedback column starts
+            room = max(40, _WIDTH - len(under))
+            lines.append(f"  {'call'.ljust(label_width)}  {'score'.ljust(score_width)}  feedback")
             for call in self.calls:
-                shown = _score_text(call.result)
-                feedback = " ".join(secrets.redact(call.result.feedback).split())
-                lines.append(f"  {call.label.ljust(label_width)}  {shown.ljust(9)} {clip(feedback, room)}")
+                shown = _score_text(call.result).ljust(score_width)
+                first, *rest = _feedback_lines(secrets.redact(call.result.feedback), room)
+                lines.append(f"  {call.label.ljust(label_width)}  {shown}  {first}".rstrip())
+                lines.extend(under + line for line in rest)
         lines.append("")
         lines.append(self.verdict)
         return secrets.redact("\n".join(lines))
@@ -213,6 +218,20 @@ def _wrap(message: str, head: str, indent: str) -> list[str]:
             break_long_words=False, break_on_hyphens=False,
         )
         lines.extend(wrapped or [(head if number == 0 else indent).rstrip()])
+    return lines
+
+
+def _feedback_lines(feedback: str, room: int) -> list[str]:
+    """A call's feedback as the report shows it: line by line (a reward()'s components each on its own),
+    wrapped at `room` characters, at most _FEEDBACK_LINES lines."""
+    lines = [
+        wrapped
+        for line in feedback.splitlines()
+        for wrapped in textwrap.wrap(" ".join(line.split()), room, break_on_hyphens=False)
+    ] or [""]
+    if len(lines) > _FEEDBACK_LINES:
+        hidden = len(lines) - _FEEDBACK_LINES + 1
+        lines = [*lines[: _FEEDBACK_LINES - 1], f"... ({hidden} more lines)"]
     return lines
 
 

@@ -18,7 +18,7 @@ from .contract import CUT_MARGIN, check_return
 from .errors import ContractViolation, LLMCallError, ModelNotConfigured, SpendCapReached
 from .loading import LoadedMetric, signature_hint
 from .types import Failure, Observation, Outcome
-from .values import clip, exception_text
+from .values import clip_words, exception_text
 
 
 class CallTimedOut(BaseException):
@@ -132,7 +132,7 @@ def raised_at(exc: BaseException, loaded: LoadedMetric) -> str | None:
     if found is None:
         return None
     code = (found.line or linecache.getline(found.filename, found.lineno or 0)).strip()
-    shown = f": `{clip(code, 100)}`" if code else ""
+    shown = f": `{clip_words(code, 100)}`" if code else ""
     return f"{os.path.basename(found.filename)}, line {found.lineno}{shown}"
 
 

@@ -8,7 +8,6 @@ when calls keep failing in a row. It knows nothing of DSPy.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -22,11 +21,10 @@ from .errors import ModelNotConfigured
 from .isolation.process import ProcessExecutor
 from .isolation.thread import ThreadExecutor
 from .loading import load
+from .logs import logger
 from .reward import validate_spec
-from .types import Failure, MetricInfo, Outcome, Result
+from .types import Failure, MetricInfo, Observation, Outcome, ProgramUsage, Result
 from .values import finite_number, whole_number
-
-logger = logging.getLogger("skynet_dspy")
 
 ISOLATIONS = ("process", "thread")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
@@ -109,6 +107,7 @@ class Scorer:
         self._counts: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._streak = 0  # failed calls in a row
+        self._program = ProgramUsage()  # the measured runs of the calls made, added up
 
     # -- scoring -------------------------------------------------------------------------------
 
@@ -117,7 +116,9 @@ class Scorer:
         outcome = self.executor.run(request, self.llm or _default_handler)
         with self._lock:
             self._counts["calls"] += 1
-        if outcome.judge_problem is not None:
+            if isinstance(request.observation, Observation):
+                self._program = self._program.plus(request.observation)
+        if outcome.judge_problem is not None and outcome.judge_problem is not Failure.SPEND_CAP:
             self._setup_problem(outcome.judge_problem, outcome.judge_detail or "")
         if outcome.result is not None:
             with self._lock:
@@ -125,8 +126,12 @@ class Scorer:
             result = finish_feedback(outcome.result, self.feedback_limit)
             if result.extra and self.isolation == "process":
                 result = replace(result, extra=_redacted(result.extra))
-            return result
-        return self.failed(outcome)
+            if result.scores:  # the names reach the optimizer, like the feedback: no key among them
+                names = {secrets.redact(name): value for name, value in result.scores.items()}
+                if names != result.scores:
+                    result = replace(result, scores=names)
+            return _observed(result, request.observation)
+        return _observed(self.failed(outcome), request.observation)
 
     def failed(self, outcome: Outcome, feedback: str | None = None) -> Result:
         """The Result of a failed call (`feedback` overrides the neutral sentence), counted and logged."""
@@ -136,11 +141,14 @@ class Scorer:
         text = cut_feedback(text, self.feedback_limit)  # the feedback cap holds for failures too (SPEC §2)
         with self._lock:
             self._counts[kind] += 1
-            self._streak += 1
-            streak = self._streak
+            in_streak = kind is not Failure.SPEND_CAP  # a spending cap reached is no fault of the metric
+            self._streak += in_streak
+            streak = self._streak if in_streak else 0
             first = kind not in self._logged
             self._logged.add(kind)
-        if kind in _SETUP_PROBLEMS:
+        if kind is Failure.SPEND_CAP:
+            pass  # logged once, as an error, where the cap was reached (_judge/spend.py)
+        elif kind in _SETUP_PROBLEMS:
             self._setup_problem(kind, detail)
         elif first:
             logger.warning(
@@ -176,6 +184,12 @@ class Scorer:
             self._counts[kind] += 1
 
     @property
+    def program_usage(self) -> ProgramUsage:
+        """The measured program runs the calls were given, added up (all zero when none was measured)."""
+        with self._lock:
+            return self._program
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counts: calls, memo_hits, and each failure kind."""
         with self._lock:
@@ -186,6 +200,11 @@ class Scorer:
     def close(self) -> None:
         """Stop the metric's worker processes (a new call after this fails)."""
         self.executor.close()
+
+
+def _observed(result: Result, observation: Observation | None) -> Result:
+    """The result with the program's measured run it was given kept on it (for tables and receipts)."""
+    return replace(result, observation=observation) if isinstance(observation, Observation) else result
 
 
 def _default_handler(instructions: str, input: str | None, settings: dict[str, Any]) -> str:

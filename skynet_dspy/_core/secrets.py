@@ -4,7 +4,7 @@ Redaction does not depend on knowing every key in advance. It masks:
 - the values of environment variables whose name suggests a credential (KEY, SECRET, TOKEN, PASSWORD,
   PASSWD, CREDENTIAL in any case), read when redacting, so a key set after a metric was loaded is masked;
 - every key given to the package (`register`), whatever its length from 4 characters;
-- common key shapes by pattern: `sk-...`, `Bearer ...`, `?api_key=...` / `&key=...` query parameters,
+- common key shapes by pattern: `sk-...`, `Bearer ...`, `Basic ...`, `?api_key=...` / `&key=...` query parameters,
   URL userinfo `user:pass@`, AWS access key ids;
 - the escaped forms of known keys (repr, JSON, HTML), for text built from an escaped value.
 
@@ -14,6 +14,8 @@ This module imports nothing from the package: every layer may use it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import html
 import json
 import os
@@ -29,6 +31,8 @@ _SHAPES = (
     # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
     (re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=\-]{6,}"), "Bearer " + MASK),
+    # HTTP basic auth, base64 of user:password (what a server echoing the Authorization header shows)
+    (re.compile(r"\bBasic\s+([A-Za-z0-9+/]{6,}={0,2})"), lambda found: _basic(found)),
     # ?api_key=... &key=... &token=... in a URL
     (
         re.compile(
@@ -41,6 +45,16 @@ _SHAPES = (
     (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@'\"<>]+:[^/\s@'\"<>]+@"), r"\1" + MASK + ":" + MASK + "@"),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
 )
+
+
+def _basic(found: re.Match[str]) -> str:
+    """'Basic ***' for a Basic credential (base64 of user:password); other words after 'Basic' are kept."""
+    try:
+        decoded = base64.b64decode(found[1], validate=True)
+    except (ValueError, binascii.Error):
+        return found[0]
+    return "Basic " + MASK if b":" in decoded else found[0]
+
 
 _lock = threading.Lock()
 _given: set[str] = set()
@@ -102,7 +116,7 @@ def _pattern() -> re.Pattern[str] | None:
 
 
 # Every key shape above contains one of these: text holding none of them is not scanned for shapes.
-_SHAPE_HINTS = ("sk-", "Bearer", "=", "@", "AKIA", "ASIA")
+_SHAPE_HINTS = ("sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA")
 
 
 def redact(text: str) -> str:
@@ -122,3 +136,12 @@ def credential_free_environment(environ: dict[str, str] | None = None) -> dict[s
     """A copy of the environment without any variable whose name suggests a credential (for metric workers)."""
     source = os.environ if environ is None else environ
     return {name: value for name, value in source.items() if not is_credential_name(name)}
+
+
+class RedactedDict(dict):  # type: ignore[type-arg]
+    """A dict whose repr and str mask credentials: for settings the package hands on (a model's kwargs)."""
+
+    def __repr__(self) -> str:
+        return redact(dict.__repr__(self))
+
+    __str__ = __repr__

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from . import secrets
+
 
 class Failure(StrEnum):
     """How a metric call failed. Members compare equal to their strings ("timeout" == Failure.TIMEOUT)."""
@@ -44,12 +46,14 @@ class Item(StrEnum):
     PERFECT_OUTPUT = "Perfect output scores highest"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Result:
     """One metric call, validated: what the optimizer may see (score, feedback, scores) and the rest.
 
     `extra` holds side-information keys other than feedback/scores and `detail` the full message of a
     failure: both are kept for the user and never shown to an optimizer. `failure` is None on success.
+    `observation` is the program's measured run the call was given (None when it was not measured),
+    kept for results tables and receipts; it never reaches an optimizer either.
     """
 
     score: float
@@ -58,10 +62,18 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     failure: Failure | None = None
     detail: str | None = None
+    observation: Observation | None = None
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    def __repr__(self) -> str:
+        # redacted: with isolation="thread", `extra` holds the metric's own values, a key among them maybe
+        return secrets.redact(
+            f"Result(score={self.score!r}, feedback={self.feedback!r}, scores={self.scores!r}, extra={self.extra!r}, "
+            f"failure={self.failure!r}, detail={self.detail!r})"
+        )
 
     def copy(self) -> Result:
         """A copy whose dicts are the caller's own: changing them changes no other call's result."""
@@ -81,7 +93,7 @@ def _copied(extra: dict[str, Any]) -> dict[str, Any]:
         return dict(extra)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Outcome:
     """What an executor reports of one call of `score`, before the scorer turns it into a Result.
 
@@ -98,6 +110,10 @@ class Outcome:
     error_type: str | None = None
     judge_problem: Failure | None = None
     judge_detail: str | None = None
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        return secrets.redact(f"Outcome({fields})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +148,43 @@ class Observation:
     def unmeasured(cls, reason: str | None) -> Observation:
         """An observation of a run that was not measured, saying why."""
         return cls(run_ms=None, cost_usd=None, unmeasured_reason=reason or "the run was not measured")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramUsage:
+    """What the program's measured runs that a metric scored used, added up: the program's side of a receipt.
+
+    `runs` counts the scored calls given a measured run (`unmeasured` those given an observation saying
+    the run was not measured). `cost_usd` adds up the runs whose cost is known; `unpriced` counts the others.
+    """
+
+    runs: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced: int = 0
+    run_ms: float = 0.0
+    unmeasured: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def plus(self, observation: Observation) -> ProgramUsage:
+        """These figures with one more run added."""
+        if not observation.measured:
+            return replace(self, unmeasured=self.unmeasured + 1)
+        return ProgramUsage(
+            runs=self.runs + 1,
+            model_calls=self.model_calls + (observation.model_calls or 0),
+            prompt_tokens=self.prompt_tokens + (observation.prompt_tokens or 0),
+            completion_tokens=self.completion_tokens + (observation.completion_tokens or 0),
+            cost_usd=self.cost_usd + (observation.cost_usd or 0.0),
+            unpriced=self.unpriced + (observation.cost_usd is None),
+            run_ms=self.run_ms + (observation.run_ms or 0.0),
+            unmeasured=self.unmeasured,
+        )
 
 
 @dataclass(frozen=True, slots=True)

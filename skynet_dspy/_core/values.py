@@ -6,9 +6,11 @@ every text it builds from a value is shortened and redacted.
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import math
 import numbers
+import re
 import reprlib
 from collections.abc import Iterable
 from typing import Any
@@ -49,11 +51,53 @@ def a_type(value: Any) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
+_PARTIAL_END = re.compile(r"\S+\Z")
+_PARTIAL_START = re.compile(r"\A\S+")
+
+
+def _cut_middle(text: str, limit: int) -> str:
+    """`text` as its head, '...' and its tail, `limit` characters at most, never keeping part of a word.
+
+    A key cut in two is a key redaction no longer knows (in a worker process, which has no credentials
+    in its environment, no env key is known at all), so a cut drops the whole word it falls in.
+    """
+    if len(text) <= limit:
+        return text
+    i = max(0, (limit - 3) // 2)
+    j = max(0, limit - 3 - i)
+    head, tail = text[:i], text[len(text) - j:] if j else ""
+    if head and not head[-1].isspace() and not text[i].isspace():
+        head = _PARTIAL_END.sub("", head)
+    if tail and not tail[0].isspace() and not text[len(text) - j - 1].isspace():
+        tail = _PARTIAL_START.sub("", tail)
+    return head + "..." + tail
+
+
+def clip_words(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters ending in '...', dropping the word the cut falls in (see _cut_middle)."""
+    if len(text) <= limit:
+        return text
+    keep = text[: max(0, limit - 3)]
+    if keep and not keep[-1].isspace() and not text[len(keep)].isspace():
+        keep = _PARTIAL_END.sub("", keep)
+    return keep + "..."
+
+
 class _Repr(reprlib.Repr):
-    """reprlib that masks credentials in strings before shortening them, so no fragment of a key survives a cut."""
+    """reprlib that masks credentials before shortening, and cuts only between words, so no fragment of a key
+    survives a cut."""
 
     def repr_str(self, x: str, level: int) -> str:
-        return super().repr_str(secrets.redact(str.__str__(x)), level)
+        text = secrets.redact(str.__str__(x))
+        shown = _cut_middle(builtins.repr(text), self.maxstring)
+        return shown if shown.strip(" .") else f"<a str of {len(text):,} characters>"  # one long word, dropped
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        try:
+            text = builtins.repr(x)
+        except Exception:
+            return f"<{x.__class__.__name__} instance at {id(x):#x}>"
+        return _cut_middle(secrets.redact(text), self.maxother)
 
 
 _repr = _Repr()
@@ -71,8 +115,7 @@ def shorten(value: Any, limit: int = 200) -> str:
         text = _repr.repr(value)
     except Exception as exc:  # a user object whose __repr__ raises
         text = f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
-    text = secrets.redact(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip_words(secrets.redact(text), limit)
 
 
 def clip(text: str, limit: int) -> str:

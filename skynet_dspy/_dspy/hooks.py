@@ -164,6 +164,24 @@ class _LiteLLMImportHook:
         return spec
 
 
+# -- a dspy.LM's history (checked against dspy 3.4.1) ------------------------------------------------
+
+
+def history_entry_figures(entry: Any) -> dict[str, Any]:
+    """What one entry of a dspy.LM's `history` used: cache hit, usage, cost (dspy/clients/base_lm.py).
+
+    `history`, its "usage" and "cost" keys are public; whether the call was a cache hit is only on the
+    LiteLLM response DSPy keeps, as the `cache_hit` attribute DSPy sets (a hit keeps the first call's cost).
+    """
+    if not isinstance(entry, dict):
+        return {"cache_hit": False, "usage": {}, "cost": None}
+    return {
+        "cache_hit": bool(getattr(entry.get("response"), "cache_hit", False)),
+        "usage": entry.get("usage") or {},
+        "cost": entry.get("cost"),
+    }
+
+
 # -- what an upgrade broke ----------------------------------------------------------------------------
 
 
@@ -202,6 +220,17 @@ def problems() -> list[str]:
                 found.append(f"call_result_figures: {where}: CallResult has no field {name!r}")
     except Exception as exc:
         found.append(f"call_result_figures: {where}: dspy.clients.call_result.CallResult is gone ({exc})")
+    try:
+        import inspect
+
+        from dspy.clients.base_lm import BaseLM
+
+        recorded = inspect.getsource(BaseLM._record_response)
+        for name in ('"usage"', '"cost"', "cache_hit"):
+            if name not in recorded:
+                found.append(f"history_entry_figures: {where}: BaseLM._record_response no longer records {name}")
+    except Exception as exc:
+        found.append(f"history_entry_figures: {where}: dspy.clients.base_lm.BaseLM._record_response is gone ({exc})")
     try:
         import litellm
 

@@ -21,9 +21,31 @@ from .._core import context
 from .._core.lru import LRU
 from .._core.types import Observation
 from .._judge import response_usage
+from .._judge.spend import SpendCap
 from . import hooks
 
-__all__ = ["install", "installed", "measure", "observation_for"]
+__all__ = ["add_program_cap", "install", "installed", "measure", "observation_for", "remove_program_cap"]
+
+# The max_program_cost_usd= caps of the metrics open in this process: each program model call measured here is
+# checked against them before it is made (refused once one is reached) and charged to them after it.
+_program_caps: weakref.WeakSet[SpendCap] = weakref.WeakSet()
+
+
+def add_program_cap(cap: SpendCap) -> None:
+    """Check and charge every measured program model call in this process against `cap` (installs measurement)."""
+    install()
+    _program_caps.add(cap)
+
+
+def remove_program_cap(cap: SpendCap) -> None:
+    """Stop charging program model calls to `cap` (its metric was closed)."""
+    _program_caps.discard(cap)
+
+
+def _check_program_caps() -> None:
+    """Before a program model call: SpendCapReached when a program cap is reached."""
+    for cap in list(_program_caps):
+        cap.check()
 
 
 class _Run:
@@ -51,6 +73,8 @@ class _Run:
                     self.unpriced.append(reason)
             else:
                 self.cost += cost
+        for cap in list(_program_caps):
+            cap.charge(cost, unpriced)
 
     def finish(self) -> Observation:
         elapsed_ms = (time.perf_counter() - self.started) * 1000.0
@@ -322,6 +346,8 @@ def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[...
                 run = _active_run()
                 if run is None:
                     return await original(*args, **kwargs)
+                if _program_caps:
+                    _check_program_caps()
                 token = _counting.set(True)
                 try:
                     result = await original(*args, **kwargs)
@@ -337,6 +363,8 @@ def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[...
             run = _active_run()
             if run is None:
                 return original(*args, **kwargs)
+            if _program_caps:
+                _check_program_caps()
             token = _counting.set(True)
             try:
                 result = original(*args, **kwargs)

@@ -23,9 +23,10 @@ from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
 from .._core.lru import LRU
 from .._core.scorer import Scorer
-from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, Result
+from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
 from .._core.values import exception_text, unknown_option, whole_number
 from .._judge import Judge
+from .._judge.spend import Spend, SpendCap
 from . import measure as measurement
 from . import translate
 
@@ -133,6 +134,7 @@ def _as_result(result: Any, base: Any, fields: Mapping[str, Any]) -> Result:
         extra=dict(previous.extra) if previous is not None else {},
         failure=previous.failure if previous is not None else None,
         detail=previous.detail if previous is not None else None,
+        observation=previous.observation if previous is not None else None,
     )
 
 
@@ -162,6 +164,23 @@ def _snapshot(record: Any) -> Any:
     return copy.copy(record)
 
 
+class SpendCapStopper:
+    """GEPA's stop callback (StopperProtocol) for a metric's spending caps: True once one is reached.
+
+    GEPA asks it between iterations, so the run ends with the candidates evaluated so far and the best of
+    them as its result; calls in the iteration under way fail at once (SPEND_CAP) rather than spend.
+    """
+
+    def __init__(self, metric: Metric):
+        self.metric = metric
+
+    def __call__(self, gepa_state: Any = None) -> bool:
+        return self.metric.spend_cap_reached
+
+    def __repr__(self) -> str:
+        return f"<SpendCapStopper {', '.join(self.metric.spend) or 'no caps'}>"
+
+
 class Metric:
     """A Skynet `score` function wrapped as a DSPy metric and a GEPA feedback metric.
 
@@ -187,6 +206,8 @@ class Metric:
         isolation: str = "process",
         workers: int | None = None,
         measure: bool | None = None,
+        max_judge_cost_usd: float | None = None,
+        max_program_cost_usd: float | None = None,
     ):
         self.output_fields = _output_fields(output_fields)
         if to_output is not None and not callable(to_output):
@@ -195,13 +216,24 @@ class Metric:
         whole_number("memo_size", memo_size, unit="entries")
         if measure not in (None, True, False):
             raise TypeError(f"measure must be True, False or None (measure when the metric uses it), got {measure!r}")
+        if max_program_cost_usd is not None and measure is False:
+            raise ValueError(
+                "max_program_cost_usd= caps the program's measured model cost, and measure=False turns measurement "
+                "off; leave measure= out (a program cap turns it on) or drop the cap"
+            )
+        program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
+                       if max_program_cost_usd is not None else None)
         self.judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache,
-                           cache_size=judge_cache_size)
+                           cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd)
         self.scorer = Scorer(
             source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
             isolation=isolation, workers=workers, llm=self.judge,
         )
         self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
+        self.program_cap = program_cap
+        if program_cap is not None:
+            self.measuring = True
+            measurement.add_program_cap(program_cap)  # every measured program model call is checked and charged
         if self.measuring:
             measurement.install()
         self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
@@ -323,8 +355,32 @@ class Metric:
         """The llm() calls this metric made: calls, cache hits, tokens, USD cost and time."""
         return self.judge.usage
 
+    @property
+    def program_usage(self) -> ProgramUsage:
+        """The program's measured runs this metric scored, added up: runs, model calls, tokens, USD, time."""
+        return self.scorer.program_usage
+
+    @property
+    def spend(self) -> dict[str, Spend]:
+        """The spending caps set (max_judge_cost_usd, max_program_cost_usd): dollars measured, limit, refusals."""
+        caps = (self.judge.spend_cap, self.program_cap)
+        return {cap.option: cap.snapshot() for cap in caps if cap is not None}
+
+    @property
+    def spend_cap_reached(self) -> bool:
+        """Whether a spending cap of this metric is reached (no more of those model calls are made)."""
+        return any(cap.reached for cap in (self.judge.spend_cap, self.program_cap) if cap is not None)
+
+    @property
+    def stop_callback(self) -> Callable[[Any], bool]:
+        """A GEPA stop callback that stops the run once a spending cap is reached (skynet_dspy.gepa() and
+        optimize_anything() add it; with dspy.GEPA, pass gepa_kwargs={"stop_callbacks": [metric.stop_callback]})."""
+        return SpendCapStopper(self)
+
     def close(self) -> None:
         """Stop the metric's worker processes (they also stop when the metric is garbage or at exit)."""
+        if self.program_cap is not None:
+            measurement.remove_program_cap(self.program_cap)
         self.scorer.close()
 
     def __enter__(self) -> Metric:
@@ -384,7 +440,9 @@ def load_metric(source: Any, **options: Any) -> Metric:
     to_output (prediction -> output), metric_lm and reflection_lm (for llm()), judge_cache (True:
     memory, a folder, a redis:// URL, False), judge_cache_size (bytes on disk), feedback_limit (20,000
     characters), memo_size (4096), isolation ("process", the default, or "thread"), workers (the most
-    worker processes), measure (None: when the metric uses reward/observation/service_cost).
+    worker processes), measure (None: when the metric uses reward/observation/service_cost),
+    max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
+    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA).
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)

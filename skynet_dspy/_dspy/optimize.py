@@ -8,18 +8,36 @@ side by side; `failure_score` goes to both, so a failed metric call scores the s
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dspy
 
+from .._core import secrets
 from .._core.values import unknown_option
 from .._judge import endpoint
+from .budget import check_budget
 from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded
+from .record import record_compiles
 
 _GEPA_OPTIONS = tuple(
     name for name in inspect.signature(dspy.GEPA.__init__).parameters if name not in ("self", "metric", "reflection_lm")
 )
+
+
+class SkynetGEPA(dspy.GEPA):
+    """dspy.GEPA as skynet_dspy.gepa() builds it: compile() first checks that the budget buys the valset
+    evaluation and a few proposals (the data sets are known only there), then runs dspy.GEPA unchanged."""
+
+    def compile(self, student: Any, *, trainset: Any, teacher: Any = None, valset: Any = None) -> Any:
+        calls = None
+        if self.max_metric_calls is not None and self.auto is None:
+            calls = self.max_metric_calls
+        elif self.max_full_evals is not None and trainset:
+            calls = self.max_full_evals * (len(trainset) + (len(valset) if valset is not None else 0))
+        if calls is not None and trainset:
+            check_budget("skynet_dspy.gepa()", calls, len(valset or trainset), self.reflection_minibatch_size or 3)
+        return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
 
 
 def gepa(
@@ -35,7 +53,8 @@ def gepa(
     LiteLLM model string, a settings dict or a dspy.LM) writes new instructions and, unless `metric_lm` is
     given, judges in llm(). `options` are load_metric()'s (timeout, output_fields, judge_cache, ...) and
     dspy.GEPA's (auto, max_metric_calls, num_threads, ...); failure_score goes to both. The metric is on
-    `.skynet_metric`.
+    `.skynet_metric`. compile() warns before the run when max_metric_calls cannot buy the valset evaluation
+    and a few proposals; with max_judge_cost_usd= / max_program_cost_usd=, GEPA stops once a cap is reached.
     """
     if reflection_lm is None:
         raise ValueError(
@@ -79,8 +98,16 @@ def gepa(
     else:
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)
         gepa_settings.setdefault("failure_score", loaded.failure_score)
-    optimizer = dspy.GEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
+    gepa_settings.setdefault("track_stats", True)  # skynet_dspy.report() reads the candidates' scores
+    if loaded.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
+        extra = dict(gepa_settings.get("gepa_kwargs") or {})
+        given = extra.get("stop_callbacks")
+        stoppers = [] if given is None else list(given) if isinstance(given, Sequence) else [given]
+        extra["stop_callbacks"] = [*stoppers, loaded.stop_callback]
+        gepa_settings["gepa_kwargs"] = extra
+    optimizer = SkynetGEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
     optimizer.skynet_metric = loaded
+    record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
     return optimizer
 
 
@@ -91,7 +118,9 @@ def as_dspy_lm(spec: Any) -> dspy.BaseLM:
     if isinstance(spec, (str, Mapping)):
         found = endpoint(spec, "reflection model")
         assert found is not None
-        return dspy.LM(**found.litellm_kwargs())
+        lm = dspy.LM(**found.litellm_kwargs())
+        lm.kwargs = secrets.RedactedDict(lm.kwargs)  # the model we built: its kwargs' repr shows no key
+        return lm
     raise TypeError(
         "reflection_lm must be a dspy.LM, a LiteLLM model string ('openai/gpt-4o') or a dict "
         f"{{'model': ..., 'api_base': ..., 'api_key': ...}}; got {type(spec).__name__}"

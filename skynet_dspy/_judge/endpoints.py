@@ -7,9 +7,9 @@ The key is kept apart from the other settings, so no repr of settings can show i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from .._core import secrets
 
@@ -21,6 +21,53 @@ _FORMS = (
 )
 
 
+class Settings(Mapping[str, Any]):
+    """An endpoint's settings, read-only, whose repr masks credentials (a password or key inside api_base)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return secrets.redact(repr(self._values))
+
+    __str__ = __repr__
+
+
+# Query parameters holding a credential, besides names with KEY, TOKEN, SECRET... in them (`?api_key=`, `&token=`).
+_QUERY_NAMES = frozenset({"sig", "signature", "code", "auth"})
+
+
+def register_url_credentials(url: Any) -> None:
+    """Register for redaction the password in a URL's userinfo and the values of its credential-like query
+    parameters (`?key=...`, `&token=...`), each as written and %-decoded."""
+    if not isinstance(url, str) or ("@" not in url and "?" not in url):
+        return
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []  # as written (urlsplit does not decode it)
+    except ValueError:
+        return
+    for pair in parts.query.split("&"):
+        name, _, value = pair.partition("=")
+        name = unquote(name)
+        if value and (secrets.is_credential_name(name) or name.lower() in _QUERY_NAMES):
+            found.append(value)
+    for value in found:
+        secrets.register(value)
+        secrets.register(unquote(value.replace("+", " ")))
+
+
 class Endpoint:
     """One model: a LiteLLM model string, its settings (without the key) and its key, for one role."""
 
@@ -28,10 +75,11 @@ class Endpoint:
 
     def __init__(self, model: str, settings: Mapping[str, Any], role: str, api_key: str | None = None):
         self.model = model
-        self.settings = MappingProxyType({k: v for k, v in settings.items() if k != "api_key"})
+        self.settings = Settings({k: v for k, v in settings.items() if k != "api_key"})
         self.role = role
         self._api_key = api_key
         secrets.register(api_key)
+        register_url_credentials(self.settings.get("api_base"))
 
     @property
     def api_base(self) -> str | None:

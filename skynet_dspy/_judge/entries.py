@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 from typing import Any
 
 from .._core import secrets
-
-logger = logging.getLogger("skynet_dspy")
+from .._core.logs import logger
 
 # Settings that do not change the answer: left out of the key (and so never written anywhere).
 _NOT_KEYED = frozenset(

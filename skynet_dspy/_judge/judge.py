@@ -7,21 +7,20 @@ judge used. LiteLLM is imported when a model is set, so `import skynet_dspy` sta
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
 
 from .._core import context, secrets
+from .._core.logs import logger
 from .._core.types import JudgeUsage
-from .._core.values import content_text, seconds, whole_number
+from .._core.values import clip_words, content_text, seconds, whole_number
 from ..errors import LLMCallError, ModelNotConfigured
 from . import retry
 from .cache import AnswerCache, make_cache
 from .endpoints import Endpoint, endpoint
 from .entries import request_key
-
-logger = logging.getLogger("skynet_dspy")
+from .spend import SpendCap
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds per HTTP request to the judge model
 DEFAULT_MAX_RETRIES = 4  # retries after the first attempt, on 408 / 429 / 5xx / connection errors
@@ -74,6 +73,7 @@ class Judge:
     `cache` is True (in memory, this object's lifetime), a folder path (on disk, shared across runs
     and processes), a redis:// URL (shared across machines) or False. Retries cover 408, 429, 5xx and
     connection errors with exponential backoff; a refused (401/403) or missing key fails at once.
+    `max_cost_usd` caps the measured dollars sent to the model (SpendCapReached once reached).
     """
 
     def __init__(
@@ -86,6 +86,7 @@ class Judge:
         timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry_base_delay: float = DEFAULT_RETRY_BASE_DELAY,
+        max_cost_usd: float | None = None,
     ):
         self.max_retries = whole_number("max_retries", max_retries)
         self.timeout = seconds("timeout", timeout)
@@ -95,6 +96,8 @@ class Judge:
         self.metric_lm = metric_lm
         self.reflection_lm = reflection_lm
         self.cache: AnswerCache | None = make_cache(cache, cache_size)
+        # max_judge_cost_usd=: once the measured spend reaches it, requests are refused (cache hits still answer)
+        self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
         self._calls = self._hits = self._errors = self._prompt_tokens = self._completion_tokens = 0
@@ -225,6 +228,8 @@ class Judge:
         attempts = self.max_retries + 1
         try:
             for attempt in range(1, attempts + 1):
+                if self.spend_cap is not None:
+                    self.spend_cap.check()  # refused at once, before anything is sent, once the cap is reached
                 with self._lock:
                     self._calls += 1
                 try:
@@ -274,6 +279,8 @@ class Judge:
 
     def _account(self, response: Any) -> None:
         prompt, completion, cost = response_usage(response)
+        if self.spend_cap is not None:
+            self.spend_cap.charge(cost, f"no price known for model {getattr(response, 'model', None) or 'unknown'}")
         with self._lock:
             self._prompt_tokens += prompt
             self._completion_tokens += completion
@@ -321,9 +328,8 @@ def _finish_reason(response: Any) -> str:
 
 
 def _error_text(exc: BaseException) -> str:
-    message = " ".join(str(exc).split())
-    if len(message) > 500:
-        message = message[:497] + "..."
+    message = secrets.redact(" ".join(str(exc).split()))  # redacted before it is cut, so no half key is left
+    message = clip_words(message, 500)
     if type(exc).__name__ not in message:
         message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return secrets.redact(message)

@@ -7,7 +7,10 @@ during a run means "no cache for this call", with one warning; at load it is a c
 
 from __future__ import annotations
 
+import threading
 import time
+import urllib.parse
+import uuid
 from typing import Any
 
 from .._core import secrets
@@ -18,6 +21,7 @@ KEY_PREFIX = "skynet-dspy:judge:"
 LOCK_SECONDS = 120  # an answer being fetched holds its lock at most this long (a crashed holder frees it)
 WAIT_STEP = 0.05  # seconds between looks for an answer another process is fetching
 SOCKET_TIMEOUT = 2.0  # seconds for any Redis command: a slow server never holds a judge call for long
+BUSY_BACKOFF = 2.0  # seconds the server is left alone after a command failed, so other calls go on at once
 
 
 class RedisStore:
@@ -30,6 +34,8 @@ class RedisStore:
             raise MissingExtra(
                 "judge_cache='redis://...' needs the redis client: pip install 'skynet-dspy[redis]'"
             ) from None
+        password = urllib.parse.urlsplit(url).password if isinstance(url, str) else None
+        secrets.register(password)  # redis://:password@host has no user name, which the URL pattern needs
         self.where = secrets.redact(url)
         self._errors = (redis.RedisError, OSError)
         try:
@@ -44,42 +50,77 @@ class RedisStore:
                 "start the Redis server, fix the URL, or give another judge_cache="
             ) from None
         self._warn = WarnOnce()
+        self._held: dict[str, str] = {}  # request key -> the token of the lock this process holds on it
+        self._held_lock = threading.Lock()
+        self._skip_until = 0.0  # monotonic time until which the server is left alone (a command failed)
 
     def get(self, key: str) -> str | None:
+        if self._skipping():
+            return None
         try:
             return entry_text(self._client.get(KEY_PREFIX + key))
         except self._errors as exc:
-            self._warn(self.where, exc)
+            self._failed(exc)
             return None
 
     def put(self, key: str, text: str, request: dict[str, Any]) -> None:
+        if self._skipping():
+            return
         try:
             self._client.set(KEY_PREFIX + key, stored_entry(text, request))
         except self._errors as exc:
-            self._warn(self.where, exc)
+            self._failed(exc)
+
+    def _skipping(self) -> bool:
+        return bool(self._skip_until) and time.monotonic() < self._skip_until
+
+    def _failed(self, exc: BaseException) -> None:
+        """A command failed: warn (once) and leave the server alone for BUSY_BACKOFF, so a server that hangs
+        costs one call its socket timeout, not every call."""
+        self._skip_until = time.monotonic() + BUSY_BACKOFF
+        self._warn(self.where, exc)
 
     def lead_or_wait(self, key: str, patience: float) -> str | None:
         """None when this process should send the request (it holds the lock now); else the answer another
         process fetched while this one waited (at most `patience` seconds)."""
-        lock = f"{KEY_PREFIX}lock:{key}"
+        lock, token = f"{KEY_PREFIX}lock:{key}", uuid.uuid4().hex
+        if self._skipping():
+            return None
         try:
-            if self._client.set(lock, "1", nx=True, ex=LOCK_SECONDS):
-                return None
+            if self._take(lock, key, token):
+                # leading now; but the answer may have been stored since this process looked
+                return entry_text(self._client.get(KEY_PREFIX + key))
             deadline = time.monotonic() + patience
             while time.monotonic() < deadline:
                 text = entry_text(self._client.get(KEY_PREFIX + key))
                 if text is not None:
                     return text
-                if not self._client.exists(lock):  # the holder failed or gave up: try to lead instead
-                    if self._client.set(lock, "1", nx=True, ex=LOCK_SECONDS):
-                        return None
+                if not self._client.exists(lock):  # the holder finished or gave up: look once more, or lead
+                    if self._take(lock, key, token):
+                        return entry_text(self._client.get(KEY_PREFIX + key))
                 time.sleep(WAIT_STEP)
         except self._errors as exc:
-            self._warn(self.where, exc)
+            self._failed(exc)
         return None
 
+    def _take(self, lock: str, key: str, token: str) -> bool:
+        if not self._client.set(lock, token, nx=True, ex=LOCK_SECONDS):
+            return False
+        with self._held_lock:
+            self._held[key] = token
+        return True
+
     def release(self, key: str) -> None:
+        """Free the lock on `key` if this process holds it (another process's lock is left alone)."""
+        with self._held_lock:
+            token = self._held.pop(key, None)
+        if token is None:
+            return
         try:
-            self._client.delete(f"{KEY_PREFIX}lock:{key}")
+            self._client.eval(_RELEASE, 1, f"{KEY_PREFIX}lock:{key}", token)
         except self._errors as exc:
             self._warn(self.where, exc)
+
+
+# Delete the lock only if it still holds this process's token (it may have expired and been taken since).
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"

@@ -16,6 +16,7 @@ from .scripted import (
     rule_line,
     rules_in,
     scripted_server,
+    split_rules,
 )
 from .server import DevServer, Fault, Request, dspy_reply
 
@@ -33,4 +34,5 @@ __all__ = [
     "rule_line",
     "rules_in",
     "scripted_server",
+    "split_rules",
 ]

@@ -4,7 +4,9 @@ One responder plays three roles, told apart by the request it receives:
 
 - **task model** (a DSPy program's call, or a plain chat call): it labels a support ticket by the rules its
   instructions state, lines such as ``Tickets that mention 'refund' are billing.``, falling back on a little
-  common sense of its own (``PRIOR``) and then on ``other``. A better instruction gives better answers.
+  common sense of its own (``PRIOR``) and then on ``other``. A better instruction gives better answers. Rules
+  are read the same way wherever a prompt puts them (system message, before or after the ticket), and the
+  words of a rule are never taken for words of the ticket.
 - **reflection model** (DSPy GEPA's instruction proposal, or plain GEPA's reflection prompt): it reads the
   feedback texts it is shown, picks up every ``... mentions 'CUE', which points to LABEL`` statement, and
   proposes the current instruction plus one rule line per new cue. It learns only from feedback.
@@ -37,6 +39,7 @@ __all__ = [
     "rule_line",
     "rules_in",
     "scripted_server",
+    "split_rules",
 ]
 
 LABELS = ("billing", "bug", "how-to", "account", "other")
@@ -80,6 +83,7 @@ _RULE = re.compile(
     r"(?:which\s+points\s+to|points\s+to|are|is|means)\s+['\"]?(?P<label>[A-Za-z][\w-]*)",
     re.IGNORECASE,
 )
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _FIELD_LIST = re.compile(r"^\s*\d+\.\s+`(?P<name>\w+)`", re.MULTILINE)
 _SECTION = re.compile(r"\[\[ ## (?P<name>\w+) ## \]\]\n?")
 _OBJECTIVE = "your objective is:"
@@ -101,6 +105,28 @@ def rules_in(text: str) -> list[tuple[str, str]]:
         if cue and cue not in found:
             found[cue] = label
     return list(found.items())
+
+
+def split_rules(text: str) -> tuple[list[tuple[str, str]], str]:
+    """(the rules `text` states, the rest of `text`), sentence by sentence.
+
+    A plain prompt template may hold its rule lines before the ticket, after it, or on the ticket's line;
+    a rule sentence is taken out whole, so a cue inside a rule ("... mention 'crash' are bug.") is never
+    read as the ticket mentioning it.
+    """
+    rules: list[tuple[str, str]] = []
+    kept_lines: list[str] = []
+    for line in (text or "").splitlines():
+        kept = []
+        for sentence in _SENTENCE_END.split(line):
+            stated = rules_in(sentence)
+            if stated:
+                rules.extend(stated)
+            else:
+                kept.append(sentence)
+        if kept:
+            kept_lines.append(" ".join(kept))
+    return rules, "\n".join(kept_lines)
 
 
 def _find_cue(text: str, table: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
@@ -204,8 +230,17 @@ class ScriptedModel:
     # task model
 
     def classify(self, ticket: str, instructions: str = "") -> tuple[str, str]:
-        """(label, reasoning) for `ticket`: the instructions' rules first, then the prior, then "other"."""
-        stated = _find_cue(ticket, rules_in(instructions))
+        """(label, reasoning) for `ticket`: the stated rules first, then the prior, then "other".
+
+        Rules count wherever they are stated, in `instructions` or inside the `ticket` text (a filled-in
+        template); only the ticket text outside rule sentences is searched for cues.
+        """
+        stated_rules, _ = split_rules(instructions)
+        inline_rules, ticket = split_rules(ticket)
+        first: dict[str, str] = {}
+        for cue, label in [*stated_rules, *inline_rules]:
+            first.setdefault(cue, label)
+        stated = _find_cue(ticket, first.items())
         if stated is not None:
             cue, label = stated
             return label, f"The ticket mentions '{cue}', and the instructions say such tickets are {label}."

@@ -63,6 +63,17 @@ def test_demo_prints_the_contract_check_judge_usage_and_measured_time_and_cost(d
     assert not result.metric_stats.get("exception") and not result.metric_stats.get("invalid")
 
 
+def test_demo_prints_the_cost_receipt_of_the_gepa_run(demo_run):
+    result, printed = demo_run
+    receipt = result.optimization.receipt
+    assert "Cost receipt of the run" in printed and str(receipt) in printed
+    requests = result.server.requests
+    assert receipt.reflection.calls == len(requests_by_role(requests, "reflection")) > 0
+    assert receipt.program.model_calls > 0 and receipt.program.cost_usd > 0
+    assert receipt.total_usd > receipt.program.cost_usd
+    assert [c.score for c in result.optimization.candidates] == result.candidate_scores
+
+
 def test_demo_talks_only_to_its_loopback_server(demo_run):
     result, _ = demo_run
     requests = result.server.requests

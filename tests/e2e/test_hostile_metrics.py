@@ -186,19 +186,40 @@ def test_hostile_calls_never_stop_a_gepa_run_with_4_threads(hostile_metric, serv
         metric.close()
 
 
-def _check(metric: Path, case: str, folder: Path) -> subprocess.Popen:
+def _cases_file(case: str, folder: Path) -> Path:
     data = folder / f"{case}.jsonl"
     case_line = {"input": {"case": case, "answer": "yes"}, "output": "yes", "expected": {"label": "yes"}}
     data.write_text(json.dumps(case_line))
+    return data
+
+
+def _check(metric: Path, case: str, folder: Path) -> subprocess.Popen:
+    data = _cases_file(case, folder)
     return subprocess.Popen(
         [sys.executable, "-m", "skynet_dspy", "check", str(metric), "--data", str(data), "--timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
-def test_the_command_line_check_reports_every_hostile_metric_and_exits(hostile_metric, tmp_path):
+# Cases whose check also runs as its own `skynet-dspy` process, to see that process exit: the others run the
+# same command line in this process (a fresh interpreter per case costs seconds of CPU).
+IN_A_PROCESS_OF_THEIR_OWN = ("fork", "stuck_pool", "os_exit", "signal_mask", "good")
+
+
+def test_the_command_line_check_reports_every_hostile_metric_and_exits(hostile_metric, tmp_path, capsys):
+    from skynet_dspy._cli import main
+
     started = time.monotonic()
-    running = {case: _check(hostile_metric, case, tmp_path) for case in [*HOSTILE, "good"]}
+    running = {case: _check(hostile_metric, case, tmp_path) for case in IN_A_PROCESS_OF_THEIR_OWN}
+    for case in HOSTILE:
+        if case in running:
+            continue
+        _cases_file(case, tmp_path)
+        code = main(["check", str(hostile_metric), "--data", str(tmp_path / f"{case}.jsonl"), "--timeout", "1"])
+        out = capsys.readouterr().out
+        kind = HOSTILE[case]
+        assert code == (0 if kind is None else 1), (case, out)
+        assert out.count("Contract check of") == 1 and (kind is None or str(kind) in out), (case, out)
     for case, process in running.items():
         out, err = process.communicate(timeout=120)
         kind = HOSTILE.get(case)

@@ -17,7 +17,8 @@ CELL_TIMEOUT = 120  # seconds per cell; each notebook takes well under a minute
 def _execute(name: str, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
     monkeypatch.setenv("MPLBACKEND", "Agg")  # headless plots
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    for key in ("SKYNET_DEMO_MODEL", "OPENAI_API_KEY"):
+    # a user's environment: no real model, and progress bars on (importing benchmarks.run sets TQDM_DISABLE)
+    for key in ("SKYNET_DEMO_MODEL", "OPENAI_API_KEY", "TQDM_DISABLE"):
         monkeypatch.delenv(key, raising=False)
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     manager = KernelManager(kernel_name="python3")
@@ -46,18 +47,49 @@ def _percent(line: str) -> list[float]:
     return [float(part.rstrip("%")) for part in line.split() if part.endswith("%")]
 
 
+def _plain_text(notebook: nbformat.NotebookNode, tag: str) -> str:
+    """The text/plain form of a tagged cell's rich output: what a terminal or VS Code shows."""
+    cell = next(cell for cell in notebook.cells if tag in cell.get("metadata", {}).get("tags", []))
+    return "\n".join(str(output.get("data", {}).get("text/plain", "")) for output in cell.get("outputs", []))
+
+
+def _assert_progress_bar_not_log_lines(text: str) -> None:
+    """A GEPA cell shows GEPA's progress bar, and neither log lines nor GEPA's per-iteration printout."""
+    assert "GEPA Optimization" in text
+    noisy = [line for line in text.splitlines() if " INFO " in line or line.startswith("Iteration ")]
+    assert not noisy, noisy[:5]
+
+
 def test_quickstart_runs_top_to_bottom(monkeypatch):
     notebook = _execute("quickstart.ipynb", monkeypatch)
-    assert "<table" in _outputs(notebook, "contract") and "contract holds" in _outputs(notebook, "contract")
+    contract = _outputs(notebook, "contract")
+    assert "<table" in contract and "contract holds" in contract
+    report_text = _plain_text(notebook, "contract")
+    assert report_text.startswith("Contract check of ../examples/metric.py on 3 cases"), report_text[:200]
+    assert "ContractReport(" not in report_text and "CheckItem(" not in report_text
+    header = next(line for line in report_text.splitlines() if line.strip().startswith("call "))
+    first_call = report_text.splitlines()[report_text.splitlines().index(header) + 1]
+    assert first_call.startswith("  case 1, given output") and first_call[header.index("score"):].startswith("0 ")
+    feedback_at = header.index("feedback")
+    # a reward() feedback's component lines each stand on a line of their own, under the feedback column
+    assert any(line[:feedback_at].isspace() and line[feedback_at:].startswith("accuracy ")
+               for line in report_text.splitlines())
     assert "gold_id" in _outputs(notebook, "evaluate")
-    assert "Tickets that mention" in _outputs(notebook, "gepa")
+    gepa_text = _outputs(notebook, "gepa")
+    assert "Tickets that mention" in gepa_text
+    _assert_progress_bar_not_log_lines(gepa_text)
     compare = next(line for line in _outputs(notebook, "compare").splitlines() if line.startswith("validation"))
     before, after = _percent(compare)
     assert after > before
     assert "ms per ticket" in _outputs(notebook, "measured")
-    plain = next(line for line in _outputs(notebook, "plain-gepa").splitlines() if line.startswith("seed template"))
+    plain_text = _outputs(notebook, "plain-gepa")
+    _assert_progress_bar_not_log_lines(plain_text)
+    plain = next(line for line in plain_text.splitlines() if line.startswith("seed template"))
     seed_score, best_score = (float(part.rstrip(",")) for part in plain.split() if part[0].isdigit())
     assert best_score > seed_score  # the same metric.py drives plain GEPA to a better template
+    routed = next(line for line in plain_text.splitlines() if line.startswith("tickets routed right"))
+    seed_right, best_right = _percent(routed)
+    assert best_right >= seed_right + 25  # a real gain: at least 3 more of the 12 validation tickets routed right
 
 
 def test_writing_metrics_runs_the_four_examples(monkeypatch):

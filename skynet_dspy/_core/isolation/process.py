@@ -257,7 +257,8 @@ class ProcessExecutor:
         self._starting = 0
         self._closed = False
         self._call_ids = itertools.count(1)
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        self._owner = os.getpid()
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._owner)
         worker = self._start()  # loads the metric: a MetricLoadError here is load_metric()'s
         self.info: MetricInfo = worker.info  # type: ignore[assignment]
         self._release(worker)
@@ -293,6 +294,8 @@ class ProcessExecutor:
         return worker
 
     def _acquire(self) -> _Worker:
+        if os.getpid() != self._owner:
+            self._forget_inherited_workers()
         with self._cond:
             while True:
                 if self._closed:
@@ -398,6 +401,14 @@ class ProcessExecutor:
                 self._workers.discard(worker)
         self._finalizer()
 
+    def _forget_inherited_workers(self) -> None:
+        """In a fork of the user's process, leave the parent's workers alone and start our own."""
+        self._cond = threading.Condition()
+        self._idle, self._workers, self._starting = [], set(), 0
+        self._owner = os.getpid()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._owner)
+
     @property
     def worker_pids(self) -> list[int]:
         """The process ids of this metric's live workers (for tests and for the curious)."""
@@ -405,7 +416,9 @@ class ProcessExecutor:
             return sorted(worker.pid for worker in self._workers)
 
 
-def _kill_all(workers: set[_Worker]) -> None:
+def _kill_all(workers: set[_Worker], owner: int) -> None:
+    if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
+        return
     for worker in list(workers):
         worker.kill()
     workers.clear()

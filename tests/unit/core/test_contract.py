@@ -205,7 +205,7 @@ def test_a_huge_value_is_shortened_in_the_message():
     message = str(caught.value)
     assert caught.value.rule == "score is a string"
     assert len(message) < 600
-    assert "..." in message and "xxxx" in message
+    assert "<a str of 1,000,000 characters>" in message  # one long word is never cut in two (a key could be)
 
 
 def test_a_deeply_nested_or_wide_value_is_shortened_too():

@@ -1,0 +1,106 @@
+"""A spending cap: the measured dollars of one kind of model call (the judge's or the program's) against a limit.
+
+Checked before each model call and charged after it, under one lock: once the spend reaches the limit
+the next call is refused at once (SpendCapReached), so the overshoot is at most the calls already in
+flight when it was reached. Reaching it is logged once, as an error.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from .._core.errors import SpendCapReached
+from .._core.logs import logger
+from .._core.values import as_number, shorten
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """A snapshot of one cap: dollars measured, the limit, calls refused, calls whose price was unknown."""
+
+    option: str  # the option that set it: "max_judge_cost_usd" or "max_program_cost_usd"
+    limit_usd: float
+    spent_usd: float
+    refused: int  # model calls refused because the cap was reached
+    unpriced: int  # answered calls with no known price (not counted in spent_usd)
+
+    @property
+    def reached(self) -> bool:
+        return self.spent_usd >= self.limit_usd
+
+
+class SpendCap:
+    """The spend of `whose` model calls ("the judge", "the program") against `option`'s dollar limit."""
+
+    def __init__(self, option: str, limit_usd: float, whose: str):
+        number = None if isinstance(limit_usd, bool) else as_number(limit_usd)
+        if number is None or not math.isfinite(number) or number < 0:
+            raise ValueError(f"{option} must be a number of US dollars, 0 or more; got {shorten(limit_usd)}")
+        self.option = option
+        self.limit_usd = float(number)
+        self.whose = whose
+        self._lock = threading.Lock()
+        self._spent = 0.0
+        self._refused = 0
+        self._unpriced = 0
+        self._logged_reached = False
+        self._logged_unpriced = False
+
+    @property
+    def reached(self) -> bool:
+        """Whether the measured spend has reached the limit (no more calls are made)."""
+        with self._lock:
+            return self._spent >= self.limit_usd
+
+    def check(self) -> None:
+        """Before a model call: raise SpendCapReached (and count the refusal) when the cap is reached."""
+        with self._lock:
+            if self._spent < self.limit_usd:
+                return
+            self._refused += 1
+            spent = self._spent
+        self._log_reached(spent)
+        raise SpendCapReached(self._message(spent))
+
+    def charge(self, cost_usd: float | None, unpriced: str | None = None) -> None:
+        """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once)."""
+        with self._lock:
+            if cost_usd is None:
+                self._unpriced += 1
+                warn, self._logged_unpriced = not self._logged_unpriced, True
+            else:
+                self._spent += max(0.0, float(cost_usd))
+                warn = False
+            spent, reached = self._spent, self._spent >= self.limit_usd
+        if warn:
+            logger.warning(
+                "skynet-dspy %s: a model call's cost is unknown (%s), so the cap of $%g cannot count it (later such "
+                "calls are not logged); register the model's price with litellm.register_model(...) to cap it",
+                self.option, unpriced or "no price known", self.limit_usd,
+            )
+        if reached:
+            self._log_reached(spent)
+
+    def snapshot(self) -> Spend:
+        """The cap's figures now."""
+        with self._lock:
+            return Spend(self.option, self.limit_usd, self._spent, self._refused, self._unpriced)
+
+    def _log_reached(self, spent: float) -> None:
+        with self._lock:
+            if self._logged_reached:
+                return
+            self._logged_reached = True
+        logger.error("skynet-dspy: %s; calls already sent finish, and the optimizer stops.", self._message(spent))
+
+    def _message(self, spent: float) -> str:
+        return (
+            f"{self.whose}'s measured model spend ${spent:.6f} reached {self.option}={self.limit_usd:g}, so no more of "
+            f"{self.whose}'s model calls are made"
+        )
+
+    def __repr__(self) -> str:
+        figures = self.snapshot()
+        return f"<SpendCap {self.option}={self.limit_usd:g} spent={figures.spent_usd:.6f} refused={figures.refused}>"

@@ -1,0 +1,26 @@
+"""results_frame(): what dspy.Evaluate returned, as a pandas DataFrame with one row per example."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import table
+from .extras import require
+
+
+def results_frame(evaluation: Any, *, include_expected: bool = False) -> Any:
+    """One row per example of `evaluation` (what `dspy.Evaluate(...)(program)` returns), as a DataFrame.
+
+    Columns: the example's input fields, the output (`output`, or `output.NAME` for several fields), `score`,
+    one column per named score, `feedback`, `failure` (the failure kind, "" when the call worked) and, when
+    the runs were measured, `run_ms`, `cost_usd` and `model_calls`. Expected values (`expected.NAME`) only with
+    `include_expected=True`. In Jupyter, failures and low scores stand out; `.to_csv()` writes plain numbers.
+    Needs pandas (the [report] or [notebooks] extra).
+    """
+    if not isinstance(include_expected, bool):
+        raise TypeError(f"include_expected must be True or False, got {include_expected!r}")
+    require("pandas", "report", "skynet_dspy.results_frame()")
+    from .styled import frame_of
+
+    rows = table.rows_of(evaluation)
+    return frame_of(rows, table.layout(rows, include_expected))

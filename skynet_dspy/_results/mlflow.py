@@ -1,0 +1,160 @@
+"""log_to_mlflow(): skynet-dspy's results on an MLflow run, beside what mlflow.dspy.autolog() logs.
+
+MLflow keeps a metric's score and feedback; this adds the named scores (their means as run metrics, and per
+example in the results table next to score and feedback), the judge's usage, the cost receipt, and the
+contract report and the per-example table as artifacts. Explicit, not automatic: autolog opens and closes
+its own run per evaluation, so the user says which run the figures belong to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .extras import require
+
+ARTIFACTS = "skynet"  # the artifact folder everything is logged under
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def log_to_mlflow(
+    evaluation: Any = None,
+    *,
+    metric: Any = None,
+    report: Any = None,
+    contract: Any = None,
+    run_id: str | None = None,
+    include_expected: bool = False,
+) -> str:
+    """Log results on an MLflow run and return its run id.
+
+    `evaluation`: what dspy.Evaluate returned (metrics `score`, `scores/NAME`, `failures`, `failures/KIND`; the
+    table `skynet/results.json` and `skynet/results.csv`). `metric`: a loaded Metric, for its judge usage
+    (`judge/calls`, `judge/cache_hits`, `judge/tokens`, `judge/cost_usd`, `judge/seconds`). `report`: an
+    OptimizationReport or what skynet_dspy.report() takes (`report/...` and `receipt/...` metrics;
+    `skynet/report.txt`, `.json`, `candidates.png`). `contract`: a ContractReport (`contract/ok`;
+    `skynet/contract.txt`, `.json`). The run is `run_id`, else the active run, else a new run (ended after).
+    """
+    mlflow = require("mlflow", "mlflow", "skynet_dspy.log_to_mlflow()")
+    if evaluation is None and metric is None and report is None and contract is None:
+        raise ValueError("log_to_mlflow() needs something to log: an evaluation, metric=, report= or contract=")
+    if run_id is not None and not isinstance(run_id, str):
+        raise TypeError(f"run_id must be an MLflow run id (a str), got {type(run_id).__name__}")
+    active = mlflow.active_run()
+    started = None
+    if run_id is None and active is None:
+        started = mlflow.start_run(run_name="skynet-dspy")
+    target = run_id or (active or started).info.run_id
+    try:
+        metrics: dict[str, float] = {}
+        if evaluation is not None:
+            metrics |= _log_evaluation(mlflow, evaluation, target, include_expected)
+        if report is not None:
+            metrics |= _log_report(mlflow, report, target)
+        if metric is not None:
+            metrics |= _judge_metrics(metric.judge_usage)
+        if contract is not None:
+            metrics |= _log_contract(mlflow, contract, target)
+        finite = {_key(name): value for name, value in metrics.items() if math.isfinite(value)}
+        if finite:
+            mlflow.log_metrics(finite, run_id=target)
+    finally:
+        if started is not None:
+            mlflow.end_run()
+    return target
+
+
+def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected: bool) -> dict[str, float]:
+    from . import table
+    from .frame import results_frame
+
+    rows = table.rows_of(evaluation)
+    frame = results_frame(evaluation, include_expected=include_expected)
+    mlflow.log_table(data=_plain(frame), artifact_file=f"{ARTIFACTS}/results.json", run_id=run_id)
+    mlflow.log_text(frame.to_csv(index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
+    means = table.score_means(rows)
+    metrics = {"examples": float(len(rows))}
+    if "score" in means:
+        metrics["score"] = means.pop("score")
+    metrics |= {f"scores/{name}": value for name, value in means.items()}
+    failures = table.failure_counts(rows)
+    metrics["failures"] = float(sum(failures.values()))
+    metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
+    runs = [row.observation for row in rows if row.observation is not None and row.observation.measured]
+    if runs:
+        metrics["run_ms"] = math.fsum(run.run_ms or 0.0 for run in runs) / len(runs)
+        if all(run.cost_usd is not None for run in runs):
+            metrics["cost_usd"] = math.fsum(run.cost_usd or 0.0 for run in runs)
+        metrics["model_calls"] = float(sum(run.model_calls or 0 for run in runs))
+    return metrics
+
+
+def _log_report(mlflow: Any, given: Any, run_id: str) -> dict[str, float]:
+    from .report import OptimizationReport, report
+
+    found = given if isinstance(given, OptimizationReport) else report(given)
+    mlflow.log_text(str(found), f"{ARTIFACTS}/report.txt", run_id=run_id)
+    mlflow.log_dict(found.to_dict(), f"{ARTIFACTS}/report.json", run_id=run_id)
+    try:
+        mlflow.MlflowClient().log_figure(run_id, found.plot(), f"{ARTIFACTS}/candidates.png")
+    except ImportError:  # no matplotlib: the text and JSON only
+        pass
+    metrics: dict[str, float] = {"report/candidates": float(len(found.candidates))}
+    if found.candidates:
+        metrics["report/best_score"] = found.candidates[found.best].score
+        metrics["report/seed_score"] = found.candidates[0].score
+        for name, (seed, best) in found.named_scores.items():
+            if seed is not None:
+                metrics[f"report/seed/scores/{name}"] = seed
+            if best is not None:
+                metrics[f"report/best/scores/{name}"] = best
+    if found.receipt is not None:
+        metrics |= found.receipt.metrics()
+    return metrics
+
+
+def _log_contract(mlflow: Any, contract: Any, run_id: str) -> dict[str, float]:
+    if not all(hasattr(contract, name) for name in ("ok", "items", "to_dict")):  # a ContractReport
+        raise TypeError(f"contract= takes what skynet_dspy.check_contract() returns, got {type(contract).__name__}")
+    mlflow.log_text(str(contract), f"{ARTIFACTS}/contract.txt", run_id=run_id)
+    mlflow.log_dict(contract.to_dict(), f"{ARTIFACTS}/contract.json", run_id=run_id)
+    return {"contract/ok": 1.0 if contract.ok else 0.0}
+
+
+def _judge_metrics(usage: Any) -> dict[str, float]:
+    figures = {
+        "judge/calls": usage.calls,
+        "judge/cache_hits": usage.cache_hits,
+        "judge/tokens": usage.total_tokens,
+        "judge/cost_usd": usage.cost_usd,
+        "judge/seconds": usage.seconds,
+        "judge/errors": usage.errors,
+    }
+    return {name: float(value) for name, value in figures.items() if value is not None}
+
+
+def _plain(frame: Any) -> Any:
+    """The frame with every cell MLflow's JSON table can hold: other values (dicts, lists, objects) as JSON text."""
+    import pandas as pd
+
+    plain = pd.DataFrame(frame).copy()
+    for column in plain.columns:
+        if plain[column].dtype == object:
+            plain[column] = [_cell(value) for value in plain[column]]
+    return plain
+
+
+def _cell(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _key(name: str) -> str:
+    """An MLflow metric key: characters MLflow refuses become '_'."""
+    return _UNSAFE.sub("_", name)[:250]

@@ -1,0 +1,172 @@
+"""The cost receipt of an optimization run: what the program, the judge and the reflection model used, and the time.
+
+Built from the RunRecord skynet_dspy.gepa() / optimize_anything() keep of each run. A figure skynet-dspy could
+not tell is shown as unknown, with a note saying why, never as zero.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._core import secrets
+from .._core.types import JudgeUsage, ProgramUsage
+from .._dspy.record import ReflectionUsage, RunRecord
+
+_NOT_MEASURED = (
+    "the program's runs were not measured: the metric does not use reward(), observation() or service_cost() "
+    "(load_metric(..., measure=True) or skynet_dspy.gepa(..., measure=True) measures them)"
+)
+
+
+@dataclass(frozen=True)
+class CostReceipt:
+    """What one optimization run used.
+
+    `program`: the measured runs of the program the metric scored (None when the runs were not measured);
+    `judge`: the metric's llm() calls; `reflection`: the reflection model's calls; `seconds`: the run's wall
+    time; `metric_calls` / `memo_hits` / `failures`: the metric's score calls, those answered from memory, and
+    the failed calls by kind. `notes` say why a figure is unknown.
+    """
+
+    program: ProgramUsage | None
+    judge: JudgeUsage
+    reflection: ReflectionUsage
+    seconds: float
+    metric: str = "metric"
+    metric_calls: int = 0
+    memo_hits: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_record(cls, record: RunRecord) -> CostReceipt:
+        notes = []
+        if record.program is None:
+            notes.append(f"program: {_NOT_MEASURED}")
+        elif record.program.unpriced:
+            notes.append(f"program: {record.program.unpriced} run(s) used a model with no known price; "
+                         "their cost is not in the total")
+        if record.judge.cost_usd is None:
+            notes.append("judge: a call's price is unknown (LiteLLM has no price for the model)")
+        if record.reflection.note:
+            notes.append(f"reflection: {record.reflection.note}")
+        if record.error:
+            notes.append(f"the run ended with an error: {record.error}")
+        return cls(record.program, record.judge, record.reflection, record.seconds, record.metric,
+                   record.metric_calls, record.memo_hits, dict(record.failures), tuple(notes))
+
+    @property
+    def total_usd(self) -> float | None:
+        """The program's, the judge's and the reflection model's USD added up; None when one of them is unknown."""
+        parts = [
+            None if self.program is None or self.program.unpriced else self.program.cost_usd,
+            self.judge.cost_usd,
+            self.reflection.cost_usd,
+        ]
+        return None if any(part is None for part in parts) else sum(parts)  # type: ignore[arg-type]
+
+    def lines(self) -> list[tuple[str, str]]:
+        """(what, figures) per line of the receipt, in words."""
+        program = self.program
+        if program is None:
+            program_text = "not measured"
+        else:
+            cost = _usd(program.cost_usd) + (f" (+{program.unpriced} unpriced run(s))" if program.unpriced else "")
+            program_text = (f"{program.runs} run(s), {program.model_calls} model call(s), "
+                            f"{program.total_tokens:,} tokens, {cost}, {program.run_ms / 1000:.2f} s of runs")
+        judge = self.judge
+        judge_text = (f"{judge.calls} call(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "
+                      f"{_usd(judge.cost_usd)}, {judge.seconds:.2f} s")
+        if judge.errors:
+            judge_text += f", {judge.errors} failed"
+        reflection = self.reflection
+        calls = "? calls" if reflection.calls is None else f"{reflection.calls} call(s)"
+        tokens = "? tokens" if reflection.total_tokens is None else f"{reflection.total_tokens:,} tokens"
+        reflection_text = f"{calls}, {tokens}, {_usd(reflection.cost_usd)}"
+        if reflection.cache_hits:
+            reflection_text += f", {reflection.cache_hits} cache hit(s)"
+        total = self.total_usd
+        total_text = _usd(total) if total is not None else f"at least {_usd(self._known_usd())} (some costs unknown)"
+        failed = sum(self.failures.values())
+        kinds = ", ".join(f"{count} {kind}" for kind, count in self.failures.items())
+        metric_text = (f"{self.metric_calls} score() call(s), {self.memo_hits} answered from memory, "
+                       f"{failed} failed" + (f" ({kinds})" if kinds else ""))
+        return [
+            ("program", program_text),
+            ("judge", judge_text),
+            ("reflection", reflection_text),
+            ("total", total_text),
+            ("wall time", f"{self.seconds:.2f} s"),
+            ("metric", metric_text),
+        ]
+
+    def _known_usd(self) -> float:
+        parts = [self.program.cost_usd if self.program is not None else None, self.judge.cost_usd,
+                 self.reflection.cost_usd]
+        return sum(part for part in parts if part is not None)
+
+    def __str__(self) -> str:
+        width = max(len(name) for name, _ in self.lines())
+        text = [f"Cost receipt of the run (metric: {self.metric}):"]
+        text += [f"  {name:<{width}}  {figures}" for name, figures in self.lines()]
+        text += [f"  note: {note}" for note in self.notes]
+        return secrets.redact("\n".join(text))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(name)}</th>"
+            f"<td style='text-align:left'>{html.escape(figures)}</td></tr>"
+            for name, figures in self.lines()
+        )
+        notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.notes)
+        return secrets.redact(
+            f"<div><b>Cost receipt of the run</b> (metric: {html.escape(self.metric)})<table>{rows}</table>"
+            + (f"<ul style='color:#6e7781'>{notes}</ul>" if notes else "") + "</div>"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The receipt in plain values (JSON-ready): program, judge, reflection, total_usd, seconds, notes."""
+        return {
+            "program": None if self.program is None else {**asdict(self.program),
+                                                          "total_tokens": self.program.total_tokens},
+            "judge": {**asdict(self.judge), "total_tokens": self.judge.total_tokens},
+            "reflection": {**asdict(self.reflection), "total_tokens": self.reflection.total_tokens},
+            "total_usd": self.total_usd,
+            "seconds": self.seconds,
+            "metric": self.metric,
+            "metric_calls": self.metric_calls,
+            "memo_hits": self.memo_hits,
+            "failures": dict(self.failures),
+            "notes": list(self.notes),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        """The receipt's known figures as flat numbers (for a tracker): receipt/program/cost_usd, ..."""
+        figures: dict[str, Any] = {
+            "receipt/seconds": self.seconds,
+            "receipt/judge/calls": self.judge.calls,
+            "receipt/judge/cache_hits": self.judge.cache_hits,
+            "receipt/judge/tokens": self.judge.total_tokens,
+            "receipt/judge/cost_usd": self.judge.cost_usd,
+            "receipt/reflection/calls": self.reflection.calls,
+            "receipt/reflection/tokens": self.reflection.total_tokens,
+            "receipt/reflection/cost_usd": self.reflection.cost_usd,
+            "receipt/total_usd": self.total_usd,
+            "receipt/metric_calls": self.metric_calls,
+        }
+        if self.program is not None:
+            figures |= {
+                "receipt/program/runs": self.program.runs,
+                "receipt/program/model_calls": self.program.model_calls,
+                "receipt/program/tokens": self.program.total_tokens,
+                "receipt/program/cost_usd": self.program.cost_usd,
+            }
+        return {name: float(value) for name, value in figures.items() if value is not None}
+
+
+def _usd(value: float | None) -> str:
+    return "cost unknown" if value is None else f"${value:.6f}"

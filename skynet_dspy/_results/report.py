@@ -1,0 +1,291 @@
+"""skynet_dspy.report(): what a GEPA run found and what it cost, as text, HTML in Jupyter and a PNG plot.
+
+It reads GEPA's own results (a dspy.GEPA compiled program's `detailed_results`, or the GEPAResult of
+optimize_anything) and the RunRecord skynet-dspy kept of the run (for the cost receipt).
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._core import secrets
+from .._dspy.record import ATTRIBUTE, RunRecord
+from .receipt import CostReceipt
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate GEPA proposed: its mean validation score, the metric calls spent when it was found,
+    its parents, its named-score means on the validation set and its texts (instructions) by component."""
+
+    index: int
+    score: float
+    metric_calls: int | None
+    parents: tuple[int, ...]
+    scores: dict[str, float]
+    texts: dict[str, str]
+
+
+@dataclass(frozen=True)
+class OptimizationReport:
+    """A GEPA run: every candidate (the seed is #0), the best one, and the cost receipt (None when not recorded).
+
+    `str(report)` is the text report, `report` alone renders as HTML in Jupyter, `report.plot("run.png")`
+    draws the candidates' validation scores against metric calls spent (matplotlib, the [report] extra).
+    """
+
+    candidates: list[Candidate]
+    best: int
+    receipt: CostReceipt | None = None
+    total_metric_calls: int | None = None
+    source: str = "dspy.GEPA"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def seed(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def best_candidate(self) -> Candidate | None:
+        return self.candidates[self.best] if self.candidates else None
+
+    @property
+    def named_scores(self) -> dict[str, tuple[float | None, float | None]]:
+        """Named score → (the seed's validation mean, the best candidate's)."""
+        seed, best = self.seed, self.best_candidate
+        if seed is None or best is None:
+            return {}
+        names = list(dict.fromkeys([*seed.scores, *best.scores]))
+        return {name: (seed.scores.get(name), best.scores.get(name)) for name in names}
+
+    def diff(self) -> str:
+        """The best candidate's texts against the seed's, as a unified diff (empty when they are the same)."""
+        seed, best = self.seed, self.best_candidate
+        if seed is None or best is None:
+            return ""
+        chunks = []
+        for name in dict.fromkeys([*seed.texts, *best.texts]):
+            before, after = seed.texts.get(name, ""), best.texts.get(name, "")
+            if before == after:
+                continue
+            chunks.extend(difflib.unified_diff(
+                before.splitlines(), after.splitlines(), f"seed: {name}", f"best (#{best.index}): {name}",
+                lineterm="",
+            ))
+        return "\n".join(chunks)
+
+    def plot(self, path: str | Path | None = None) -> Any:
+        """A matplotlib Figure of validation score against metric calls spent; saved as PNG at `path` if given."""
+        from .plot import candidates_figure
+
+        figure = candidates_figure(self)
+        if path is not None:
+            figure.savefig(Path(path), format="png", dpi=110, bbox_inches="tight")
+        return figure
+
+    # -- text and HTML ---------------------------------------------------------------------------
+
+    def _score_names(self) -> list[str]:
+        return list(dict.fromkeys(name for candidate in self.candidates for name in candidate.scores))
+
+    def __str__(self) -> str:
+        lines = [f"{self.source} run: {len(self.candidates)} candidate(s)"
+                 + (f", {self.total_metric_calls} metric calls" if self.total_metric_calls is not None else "")]
+        names = self._score_names()
+        if self.candidates:
+            header = ["#", "parents", "metric calls", "val score", *names]
+            table = [header] + [
+                [f"{c.index}{' best' if c.index == self.best else ''}", ",".join(map(str, c.parents)) or "-",
+                 "-" if c.metric_calls is None else str(c.metric_calls), f"{c.score:.3f}",
+                 *(_number(c.scores.get(name)) for name in names)]
+                for c in self.candidates
+            ]
+            widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+            lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                      for row in table]
+        if self.named_scores:
+            lines.append("Named scores, seed -> best: " + ", ".join(
+                f"{name} {_number(seed)} -> {_number(best)}" for name, (seed, best) in self.named_scores.items()))
+        best = self.best_candidate
+        if best is not None:
+            difference = self.diff()
+            if difference:
+                lines += [f"Best candidate #{best.index} against the seed:", difference]
+            else:
+                lines.append("The best candidate is the seed: no text changed.")
+        if self.receipt is not None:
+            lines.append(str(self.receipt))
+        lines += [f"note: {note}" for note in self.notes]
+        return secrets.redact("\n".join(lines))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        names = self._score_names()
+        titles = ["#", "parents", "metric calls", "val score", *names]
+        head = "".join(f"<th>{html.escape(text)}</th>" for text in titles)
+        body = "".join(
+            f"<tr style='{'font-weight:bold;background:#dafbe1' if c.index == self.best else ''}'>"
+            f"<td>{c.index}</td><td>{html.escape(','.join(map(str, c.parents)) or '-')}</td>"
+            f"<td>{'-' if c.metric_calls is None else c.metric_calls}</td><td>{c.score:.3f}</td>"
+            + "".join(f"<td>{_number(c.scores.get(name))}</td>" for name in names) + "</tr>"
+            for c in self.candidates
+        )
+        parts = [f"<div><b>{html.escape(self.source)} run</b>: {len(self.candidates)} candidate(s)",
+                 f"<table><tr>{head}</tr>{body}</table>"]
+        if self.named_scores:
+            parts.append("<p>Named scores, seed &rarr; best: " + ", ".join(
+                f"{html.escape(name)} {_number(seed)} &rarr; {_number(best)}"
+                for name, (seed, best) in self.named_scores.items()) + "</p>")
+        difference = self.diff()
+        if difference:
+            parts.append("<pre style='text-align:left'>" + "".join(_diff_line(line) for line in difference.splitlines())
+                         + "</pre>")
+        image = self._plot_html()
+        if image:
+            parts.append(image)
+        if self.receipt is not None:
+            parts.append(self.receipt._repr_html_())
+        parts += [f"<p style='color:#6e7781'>note: {html.escape(note)}</p>" for note in self.notes]
+        return secrets.redact("".join(parts) + "</div>")
+
+    def _plot_html(self) -> str:
+        import base64
+        import io
+
+        try:
+            figure = self.plot()
+        except ImportError:  # no matplotlib: the tables alone
+            return ""
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+        return f"<img src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'/>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report in plain values (JSON-ready)."""
+        return {
+            "source": self.source,
+            "best": self.best,
+            "total_metric_calls": self.total_metric_calls,
+            "candidates": [
+                {"index": c.index, "score": c.score, "metric_calls": c.metric_calls, "parents": list(c.parents),
+                 "scores": dict(c.scores), "texts": dict(c.texts)}
+                for c in self.candidates
+            ],
+            "named_scores": {name: {"seed": seed, "best": best} for name, (seed, best) in self.named_scores.items()},
+            "diff": self.diff(),
+            "receipt": self.receipt.to_dict() if self.receipt is not None else None,
+            "notes": list(self.notes),
+        }
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _diff_line(line: str) -> str:
+    color = "#1a7f37" if line.startswith("+") else "#cf222e" if line.startswith("-") else "#6e7781"
+    return f"<span style='color:{color}'>{html.escape(line)}</span>\n"
+
+
+# -- building a report ---------------------------------------------------------------------------------
+
+
+def report(run: Any) -> OptimizationReport:
+    """The report of a GEPA run: `run` is the dspy.GEPA skynet_dspy.gepa() built (after compile), the program
+    its compile returned, or the GEPAResult skynet_dspy.optimize_anything() returned."""
+    results, record, source = _sources(run)
+    receipt = CostReceipt.from_record(record) if record is not None else None
+    notes = () if record is not None else (
+        "no cost receipt: the run was not made through skynet_dspy.gepa() or skynet_dspy.optimize_anything()",)
+    if results is None:  # the run ended before GEPA returned (an error, a spending cap): the receipt alone
+        return OptimizationReport([], 0, receipt, None, source, notes)
+    candidates = _candidates(results)
+    best = max(range(len(candidates)), key=lambda i: candidates[i].score) if candidates else 0
+    return OptimizationReport(candidates, best, receipt, getattr(results, "total_metric_calls", None), source, notes)
+
+
+def _sources(run: Any) -> tuple[Any, RunRecord | None, str]:
+    """(GEPA's results or None, the run's record or None, what ran) for what report() was given."""
+    import dspy
+
+    if _is_gepa_results(run):
+        source = "optimize_anything" if _plain_gepa(run) else "dspy.GEPA"
+        return run, getattr(run, ATTRIBUTE, None), source
+    if isinstance(run, dspy.GEPA):
+        if not hasattr(run, ATTRIBUTE):
+            raise ValueError(
+                "this dspy.GEPA was not built by skynet_dspy.gepa(), so its run was not recorded; pass the program "
+                "its compile() returned (compiled with track_stats=True) to skynet_dspy.report()"
+            )
+        record = getattr(run, ATTRIBUTE)
+        if record is None:
+            raise ValueError("this optimizer has not run yet: call optimizer.compile(program, trainset=...) first")
+        program = getattr(run, "skynet_program", None)
+        if program is None:
+            return None, record, "dspy.GEPA"
+        return _detailed(program), record, "dspy.GEPA"
+    if isinstance(run, dspy.Module):
+        return _detailed(run), getattr(run, ATTRIBUTE, None), "dspy.GEPA"
+    raise TypeError(
+        "skynet_dspy.report() takes the dspy.GEPA built by skynet_dspy.gepa() after compile(), the program compile() "
+        f"returned, or the result of skynet_dspy.optimize_anything(); got {type(run).__name__}"
+    )
+
+
+def _detailed(program: Any) -> Any:
+    results = getattr(program, "detailed_results", None)
+    if results is None:
+        raise ValueError(
+            "this program has no GEPA results: compile it with dspy.GEPA(..., track_stats=True) "
+            "(skynet_dspy.gepa() sets track_stats=True)"
+        )
+    return results
+
+
+def _is_gepa_results(value: Any) -> bool:
+    return all(hasattr(value, name) for name in ("candidates", "val_aggregate_scores", "discovery_eval_counts"))
+
+
+def _plain_gepa(results: Any) -> bool:
+    from gepa.core.result import GEPAResult
+
+    return isinstance(results, GEPAResult)
+
+
+def _candidates(results: Any) -> list[Candidate]:
+    scores = list(results.val_aggregate_scores)
+    calls = list(getattr(results, "discovery_eval_counts", None) or [])
+    parents = list(getattr(results, "parents", None) or [])
+    subscores = list(getattr(results, "val_aggregate_subscores", None) or [])
+    found = []
+    for index, candidate in enumerate(results.candidates):
+        spent = _at(calls, index)
+        named = _at(subscores, index) or {}
+        found.append(Candidate(
+            index=index,
+            score=float(scores[index]),
+            metric_calls=int(spent) if spent is not None else None,
+            parents=tuple(int(parent) for parent in (_at(parents, index) or ()) if parent is not None),
+            scores={str(name): float(value) for name, value in named.items()},
+            texts=_texts(candidate),
+        ))
+    return found
+
+
+def _at(values: list[Any], index: int) -> Any:
+    return values[index] if index < len(values) else None
+
+
+def _texts(candidate: Any) -> dict[str, str]:
+    """A candidate's optimized texts by component: a DSPy program's instructions, or plain GEPA's dict."""
+    if isinstance(candidate, dict):
+        return {str(name): str(text) for name, text in candidate.items()}
+    try:
+        return {name: predictor.signature.instructions for name, predictor in candidate.named_predictors()}
+    except Exception:
+        return {}

@@ -1,0 +1,136 @@
+"""The worker-process pool (isolation="process"): its wire format, its sizing, and what it never does."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support import write_metric
+
+import skynet_dspy
+from skynet_dspy._core.isolation import wire
+from skynet_dspy._core.types import Failure
+
+PID_METRIC = """
+import os, time
+def score(input, output, expected=None):
+    time.sleep(input.get("sleep", 0))
+    return 1.0, {"feedback": "ok", "pid": os.getpid(), "env": sorted(os.environ)}
+"""
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_replies_from_a_worker_may_hold_plain_values_only():
+    plain = {"a": [1, 2.5, None, True, b"x", ("t", 1)], "b": {"c": "d"}, "s": {1, 2}, "f": frozenset({3})}
+    assert wire.from_worker(wire.to_parent(plain)) == plain
+    for hostile in (Evil(), Path("/tmp"), complex(1, 2)):
+        with pytest.raises(pickle.UnpicklingError, match="only plain values are accepted"):
+            wire.from_worker(pickle.dumps(hostile))
+
+
+def test_values_that_are_not_plain_travel_as_their_repr():
+    class Mine:
+        def __repr__(self):
+            return "<mine>"
+
+    converted = wire.to_plain({"x": Mine(), "n": [float("inf"), 1], (1, 2): "tuple key", Mine(): 1})
+    assert converted == {"x": "<mine>", "n": [float("inf"), 1], (1, 2): "tuple key", "<mine>": 1}
+    deep: list = []
+    cursor = deep
+    for _ in range(50):
+        cursor.append([])
+        cursor = cursor[0]
+    assert isinstance(wire.to_plain(deep), list)  # cut to a repr past the depth limit, never a RecursionError
+
+
+def test_the_pool_grows_to_the_concurrency_used_and_no_further(tmp_path):
+    path = write_metric(tmp_path, PID_METRIC)
+    with skynet_dspy.load_metric(path, workers=3) as metric:
+        assert len(metric.scorer.executor.worker_pids) == 1  # the worker that loaded the metric
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(metric.score({"sleep": 0.3}, 1))) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(results) == 6 and all(result.ok for result in results)
+        pids = {result.extra["pid"] for result in results}
+        assert len(pids) == 3 and os.getpid() not in pids
+        assert sorted(pids) == metric.scorer.executor.worker_pids
+    assert metric.scorer.executor.worker_pids == []
+
+
+def test_workers_hold_no_credentials(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdef")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value-123")
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "hunter2hunter2")
+    monkeypatch.setenv("PLAIN_SETTING", "kept")
+    with skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC)) as metric:
+        env = metric.score({}, 1).extra["env"]
+    assert "PLAIN_SETTING" in env
+    assert not {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_SERVICE_PASSWORD"} & set(env)
+
+
+def test_a_closed_metric_refuses_calls_clearly(tmp_path):
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC))
+    metric.close()
+    result = metric.score({}, 1)
+    assert result.failure == Failure.CRASHED and "closed" in result.detail
+
+
+FORKING_USER = """
+import os, sys
+import skynet_dspy
+metric = skynet_dspy.load_metric(sys.argv[1])
+before = metric.scorer.executor.worker_pids
+child = os.fork()
+if child == 0:
+    result = metric.score({}, 1)
+    assert result.ok and result.extra["pid"] not in before, result
+    sys.exit(0)  # the child's exit must not stop the parent's workers
+os.waitpid(child, 0)
+result = metric.score({}, 1)
+assert result.ok and result.extra["pid"] in before, result
+print("ok")
+"""
+
+
+def test_a_fork_of_the_users_process_starts_its_own_workers_and_leaves_the_parents_alone(tmp_path):
+    path = write_metric(tmp_path, PID_METRIC)
+    done = subprocess.run([sys.executable, "-c", FORKING_USER, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+UNGUARDED_SCRIPT = """
+import sys
+import skynet_dspy
+print("script body ran", flush=True)  # no __main__ guard: workers must never run this again
+metric = skynet_dspy.load_metric(sys.argv[1], workers=4)
+import threading
+threads = [threading.Thread(target=metric.score, args=({"sleep": 0.2}, 1)) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("workers", len(metric.scorer.executor.worker_pids))
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once_not_once_per_worker(tmp_path):
+    path = write_metric(tmp_path, PID_METRIC)
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("script body ran") == 1
+    assert "workers 4" in done.stdout
+    assert time.monotonic() - started < 60

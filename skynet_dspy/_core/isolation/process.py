@@ -24,10 +24,12 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+import uuid
 import weakref
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -37,21 +39,37 @@ from typing import Any
 
 from ..call import CallRequest
 from ..context import LLMHandler
-from ..errors import LLMCallError, MetricLoadError, ModelNotConfigured, SpendCapReached, WorkerError
+from ..contract import CUT_MARGIN, check_return
+from ..errors import (
+    NO_JUDGE_MODEL,
+    ContractViolation,
+    LLMCallError,
+    MetricLoadError,
+    ModelNotConfigured,
+    WorkerError,
+    judge_failure,
+)
 from ..secrets import credential_free_environment
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import exception_text
-from . import wire
+from . import tree, wire
 
 DEFAULT_MAX_WORKERS = 32
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
 _MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
+_READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
+_NO_MESSAGE = object()  # no whole message received yet
 
 
 class _Gone(Exception):
-    """The worker process exited (or its socket closed) while a reply was awaited."""
+    """The worker process exited (or its socket closed, or sent what no worker of ours sends) while a reply
+    was awaited."""
+
+
+class _Tampered(Exception):
+    """The worker answered an earlier call a second time: a reply was forged, so the last one may have been."""
 
 
 def _exit_text(returncode: int | None) -> str:
@@ -71,11 +89,12 @@ class _Worker:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
+        self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
-                env=_worker_environment(),
+                env={**_worker_environment(), tree.MARK: self.token},
                 cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL,
                 stdout=_stream(),
@@ -97,11 +116,13 @@ class _Worker:
             self._poller.register(self._pidfd, select.POLLIN)
         self.info: MetricInfo | None = None
         self.llm_slots = threading.BoundedSemaphore(_MAX_LLM_AT_ONCE)
+        self.used = False  # it has taken a call: what that call left behind may have broken it
+        self._received = bytearray()  # bytes read from the socket, not yet a whole message
         try:
             ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
         except _Gone:
             ready = None
-        if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
+        if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
             self.kill()
             raise WorkerError(
                 f"a metric worker process did not start ({_exit_text(self.proc.returncode)}; its error output, "
@@ -113,9 +134,16 @@ class _Worker:
             self.conn.send_bytes(data)
 
     def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; _Gone when the process is gone."""
+        """The worker's next message, or None at the deadline; _Gone when the process is gone.
+
+        Bytes are read as they come and framed here, so a metric that writes half a frame (or a header
+        announcing a gigabyte) into the worker's socket cannot make this wait past the deadline.
+        """
         conn_fd = self.conn.fileno()
         while True:
+            message = self._message()
+            if message is not _NO_MESSAGE:
+                return message
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -128,15 +156,60 @@ class _Worker:
                 continue
             if any(fd == conn_fd for fd, _ in events) or self.conn.poll(0):
                 try:
-                    return wire.from_worker(self.conn.recv_bytes())
-                except (EOFError, OSError):
+                    chunk = os.read(conn_fd, _READ_SIZE)
+                except OSError:
                     raise _Gone from None
-                except Exception:  # a reply that is not plain data: the worker is not to be trusted
-                    raise _Gone from None
+                if not chunk:
+                    raise _Gone
+                self._received += chunk
+                continue
             raise _Gone  # only the pidfd is readable: the process exited
 
+    def _message(self) -> Any:
+        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE."""
+        buffer = self._received
+        if len(buffer) < 4:
+            return _NO_MESSAGE
+        size, start = struct.unpack("!i", buffer[:4])[0], 4
+        if size == -1:  # a message over 2 GiB announces its size in 8 more bytes
+            if len(buffer) < 12:
+                return _NO_MESSAGE
+            size, start = struct.unpack("!Q", buffer[4:12])[0], 12
+        if not 0 <= size <= wire.MAX_MESSAGE:
+            raise _Gone  # no worker of ours sends this: the metric wrote it
+        if len(buffer) < start + size:
+            return _NO_MESSAGE
+        data = bytes(buffer[start:start + size])
+        del buffer[:start + size]
+        try:
+            return wire.from_worker(data)
+        except Exception:  # a reply that is not plain data: the worker is not to be trusted
+            raise _Gone from None
+
+    def healthy(self) -> bool:
+        """Whether an idle worker can take a call: alive, and silent since its last reply.
+
+        What a call left behind may have stopped it (resumed here), killed it, or written to its socket
+        (an alarm, a timer, a thread still calling llm()): such a worker is replaced, not given the call.
+        """
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except OSError:
+            return False
+        return self.proc.poll() is None and not self._received and not self.conn.poll(0)
+
     def kill(self) -> None:
-        """Kill the worker and everything it forked, and reap it (no zombie is left)."""
+        """Kill the worker and everything it started, and reap it (no zombie is left).
+
+        The worker is stopped first, so it starts nothing more; then what left its process group (setsid)
+        is found in its tree or by its mark (tree.py), and killed with the group.
+        """
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        tree.kill_descendants(self.pid, self.token)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -151,17 +224,18 @@ class _Worker:
     def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not within a second."""
         try:
-            self.send(wire.to_worker(("stop",)))
+            self.send(wire.to_worker({"kind": "stop"}))
             self.proc.wait(_STOP_GRACE)
         except (OSError, subprocess.TimeoutExpired, ValueError):
             pass
         self.kill()
 
     def _close(self) -> None:
-        try:
-            self.conn.close()
-        except OSError:
-            pass
+        with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
+            try:
+                self.conn.close()
+            except OSError:
+                pass
         if self._pidfd is not None:
             try:
                 os.close(self._pidfd)
@@ -203,7 +277,7 @@ def source_spec(source: Any) -> dict[str, Any]:
         return {"path": str(source)}
     if isinstance(source, ModuleType):
         name = source.__name__
-        if name != "__main__" and not name.startswith("skynet_metric_") and getattr(source, "__spec__", None):
+        if _importable_as(source):
             return {"module": name}
         if getattr(source, "__file__", None):
             return {"path": source.__file__}
@@ -241,10 +315,25 @@ def source_spec(source: Any) -> dict[str, Any]:
     }
 
 
+def _importable_as(module: ModuleType) -> bool:
+    """Whether a fresh interpreter importing `module.__name__` gets this same file (not so for __main__, a
+    file loaded by path, or a module imported from a folder the worker's path lacks)."""
+    import importlib.util
+
+    name = module.__name__
+    if name == "__main__" or name.startswith("skynet_metric_") or getattr(module, "__spec__", None) is None:
+        return False
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if found is None or found.origin is None:
+        return False
+    return getattr(module, "__file__", None) is not None and os.path.samefile(found.origin, module.__file__)
+
+
 class ProcessExecutor:
     """The metric in worker processes: loaded in the first worker now, in later ones as they start."""
-
-    isolation = "process"
 
     def __init__(self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None):
         self.timeout = timeout
@@ -271,7 +360,7 @@ class ProcessExecutor:
         with self._cond:
             self._workers.add(worker)
         try:
-            worker.send(wire.to_worker(("load", self._spec, self.feedback_limit)))
+            worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
             reply = worker.wait(time.monotonic() + self.timeout)
         except _Gone:
             self._discard(worker)
@@ -279,18 +368,22 @@ class ProcessExecutor:
                 f"importing the metric {_exit_text(worker.proc.returncode)} (in its worker process); fix the "
                 "module-level code so the file imports cleanly"
             ) from None
-        if not isinstance(reply, tuple) or len(reply) < 2:
+        if not isinstance(reply, dict):
             self._discard(worker)
             raise MetricLoadError(
                 f"importing the metric did not finish within the {self.timeout:g} s timeout; move slow work "
                 "out of the module's top level (into score, or cache it), or raise timeout="
             )
-        if reply[0] == "load_failed" and len(reply) == 3:
+        if reply.get("kind") == "load_failed":
             self._discard(worker)
-            if reply[2] == "not_found":
-                raise FileNotFoundError(reply[1])
-            raise MetricLoadError(reply[1], Item(reply[2]) if reply[2] in set(Item) else Item.LOADS)
-        worker.info = wire.info_from_plain(reply[1])
+            message, item = str(reply.get("message")), reply.get("item")
+            if item == "not_found":
+                raise FileNotFoundError(message)
+            raise MetricLoadError(message, Item(item) if item in set(Item) else Item.LOADS)
+        if reply.get("kind") != "loaded" or not isinstance(reply.get("info"), dict):
+            self._discard(worker)
+            raise MetricLoadError("the metric's worker process answered the load with something else")
+        worker.info = wire.info_from_plain(reply["info"])
         return worker
 
     def _acquire(self) -> _Worker:
@@ -330,9 +423,21 @@ class ProcessExecutor:
     # -- a call ----------------------------------------------------------------------------
 
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
-        """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks)."""
+        """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks).
+
+        A worker that answers an earlier call again during this one had a reply forged (the metric wrote to
+        its socket): it is replaced and the call is run once more, on the new worker.
+        """
+        outcome = self._run_once(request, llm)
+        return self._run_once(request, llm) if outcome is None else outcome
+
+    def _run_once(self, request: CallRequest, llm: LLMHandler | None) -> Outcome | None:
+        """One attempt at the call; None when the worker turned out to have been tampered with."""
         try:
             worker = self._acquire()
+            while worker.used and not worker.healthy():  # what an earlier call left behind broke it
+                self._discard(worker)
+                worker = self._acquire()
         except MetricLoadError as exc:
             return Outcome(failure=Failure.CRASHED, detail=f"a new worker process could not load the metric: {exc}")
         except WorkerError as exc:
@@ -340,10 +445,11 @@ class ProcessExecutor:
         call_id = next(self._call_ids)
         observation = asdict(request.observation) if request.observation is not None else None
         try:
-            data = wire.to_worker((
-                "call", call_id, request.input, request.output, request.expected, observation,
-                request.unmeasured_reason,
-            ))
+            data = wire.to_worker({
+                "kind": "call", "call": call_id, "input": request.input, "output": request.output,
+                "expected": request.expected, "observation": observation,
+                "unmeasured_reason": request.unmeasured_reason,
+            })
         except Exception as exc:
             self._release(worker)
             return Outcome(
@@ -352,9 +458,13 @@ class ProcessExecutor:
                 detail=f"the values to score cannot be sent to the metric's worker process ({exception_text(exc)}); "
                 "give plain values (to_output=...), or use isolation='thread'",
             )
+        worker.used = True
         try:
             worker.send(data)
             outcome, keep = self._await(worker, call_id, llm)
+        except _Tampered:
+            self._discard(worker)
+            return None
         except _Gone:
             self._discard(worker)
             return Outcome(
@@ -365,6 +475,15 @@ class ProcessExecutor:
         except OSError:
             self._discard(worker)
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker process closed its connection")
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, the worker is not reused, and the run goes on
+            self._discard(worker)
+            return Outcome(
+                failure=Failure.CRASHED,
+                detail=f"the reply of the metric's worker process could not be read ({exception_text(exc)})",
+            )
+        except BaseException:  # a Ctrl-C in the user's process: it propagates, and no worker is lost to the pool
+            self._discard(worker)
+            raise
         if keep:
             self._release(worker)
         else:
@@ -380,11 +499,14 @@ class ProcessExecutor:
                     failure=Failure.TIMEOUT,
                     detail=f"score() did not return within {self.timeout:g} s; its worker process was killed",
                 ), False
-            kind = message[0] if isinstance(message, tuple) and message else None
+            kind = message.get("kind") if isinstance(message, dict) else None
             if kind == "llm":
                 _serve_llm(worker, message, call_id, llm)
-            elif kind == "outcome" and len(message) == 4 and message[1] == call_id:
-                return wire.outcome_from_plain(message[2]), not message[3]
+            elif kind == "outcome" and message.get("call") == call_id:
+                outcome = _checked(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
+                return outcome, not message.get("retire")
+            elif kind == "outcome" and isinstance(message.get("call"), int) and message["call"] < call_id:
+                raise _Tampered
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
@@ -416,6 +538,23 @@ class ProcessExecutor:
             return sorted(worker.pid for worker in self._workers)
 
 
+def _checked(outcome: Outcome, feedback_limit: int) -> Outcome:
+    """A worker's result checked again here, against the same rules (a metric may write its own replies)."""
+    result = outcome.result
+    if result is None:
+        return outcome
+    info: dict[str, Any] = {**result.extra, "feedback": result.feedback}
+    if result.scores is not None:
+        info["scores"] = result.scores
+    try:
+        checked = check_return((result.score, info), feedback_limit + CUT_MARGIN)
+    except ContractViolation as violation:
+        return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
+    return Outcome(
+        result=checked, detail=outcome.detail, judge_problem=outcome.judge_problem, judge_detail=outcome.judge_detail
+    )
+
+
 def _kill_all(workers: set[_Worker], owner: int) -> None:
     if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
         return
@@ -424,45 +563,45 @@ def _kill_all(workers: set[_Worker], owner: int) -> None:
     workers.clear()
 
 
-_ERRORS: tuple[tuple[type[BaseException], Failure], ...] = (
-    (ModelNotConfigured, Failure.JUDGE_NOT_CONFIGURED),
-    (SpendCapReached, Failure.SPEND_CAP),
-)
-
-
-def _serve_llm(worker: _Worker, message: tuple[Any, ...], call_id: int, llm: LLMHandler | None) -> None:
+def _serve_llm(worker: _Worker, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> None:
     """Answer a worker's llm() request on a helper thread, so the call's timeout keeps running meanwhile."""
-    if len(message) != 6:
-        return
-    _, asked_for, request_id, instructions, input_text, settings = message
+    request_id = message.get("request")
     if not worker.llm_slots.acquire(blocking=False):
-        _reply(worker, ("llm_reply", request_id, "error", str(Failure.JUDGE_ERROR),
-                        f"more than {_MAX_LLM_AT_ONCE} llm() calls at once from one metric call", None, False))
+        _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,
+                                  f"more than {_MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
         return
 
     def answer() -> None:
+        instructions, input_text, settings = message.get("instructions"), message.get("input"), message.get("settings")
         try:
-            if asked_for != call_id:
+            if message.get("call") != call_id:
                 raise LLMCallError("llm() was called after its metric call had ended")
             if llm is None:
-                raise ModelNotConfigured("skynet.llm() has no model to call")
+                raise ModelNotConfigured(NO_JUDGE_MODEL)
             if not isinstance(instructions, str) or not (input_text is None or isinstance(input_text, str)):
                 raise LLMCallError("llm() takes instructions and input as str")
-            text = llm(instructions, input_text, settings if isinstance(settings, dict) else {})
-            reply: tuple[Any, ...] = ("llm_reply", request_id, "ok", str(text))
-        except LLMCallError as exc:
-            reply = ("llm_reply", request_id, "error", str(Failure.JUDGE_ERROR), str(exc), exc.status, exc.refused)
+            reply = {"kind": "llm_reply", "request": request_id,
+                     "text": str(llm(instructions, input_text, settings if isinstance(settings, dict) else {}))}
         except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
-            kind = next((kind for exc_type, kind in _ERRORS if isinstance(exc, exc_type)), Failure.JUDGE_ERROR)
-            text = str(exc) if kind is not Failure.JUDGE_ERROR else exception_text(exc)
-            reply = ("llm_reply", request_id, "error", str(kind), text, None, False)
+            kind = judge_failure(exc)
+            text = exception_text(exc) if kind is None else str(exc)
+            called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
+            reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, text,
+                               called.status if called else None, called.refused if called else False)
         worker.llm_slots.release()
         _reply(worker, reply)
 
     threading.Thread(target=answer, name="skynet-llm-for-worker", daemon=True).start()
 
 
-def _reply(worker: _Worker, reply: tuple[Any, ...]) -> None:
+def _llm_error(
+    request_id: Any, kind: Failure, message: str, status: int | None = None, refused: bool = False
+) -> dict[str, Any]:
+    error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
+    return {"kind": "llm_reply", "request": request_id, "error": error}
+
+
+def _reply(worker: _Worker, reply: dict[str, Any]) -> None:
     try:
         worker.send(wire.to_worker(reply))
     except (OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting

@@ -19,7 +19,6 @@ thread too.
 
 from __future__ import annotations
 
-import _signal  # the C module: signal.getsignal() wraps it in a slow enum lookup
 import contextvars
 import math
 import os
@@ -59,7 +58,7 @@ class Ran(StrEnum):
 # -- pooled threads ----------------------------------------------------------------------------
 
 
-class _Worker:
+class _PooledThread:
     """A daemon thread that runs one call at a time, for whichever runner took it from the pool."""
 
     __slots__ = ("runner", "wake", "done", "fn", "args", "context", "ran", "value", "abandoned")
@@ -107,10 +106,10 @@ class _Worker:
         return _release(self)
 
 
-_idle: list[_Worker] = []  # the process-wide pool (list.pop and list.append are atomic)
+_idle: list[_PooledThread] = []  # the process-wide pool (list.pop and list.append are atomic)
 
 
-def _release(worker: _Worker) -> bool:
+def _release(worker: _PooledThread) -> bool:
     """Put a thread whose call is over back in the pool; False (and it should exit) when the pool is full."""
     worker.runner = worker.fn = worker.context = worker.value = None
     worker.args = ()
@@ -171,7 +170,7 @@ class _Watchdog:
                     wait = call.deadline - now
                 else:
                     call.fired = True
-                    if _signal.getsignal(self.signum) is _on_signal:
+                    if signal.getsignal(self.signum) is _on_signal:
                         signal.pthread_kill(_MAIN_IDENT, self.signum)
                     wait = _REFIRE
                 self.wake_at = now + wait
@@ -194,7 +193,7 @@ def _inline_watchdog() -> _Watchdog | None:
     global _watchdog, _inline_ready
     if _inline_ready:
         watchdog = _watchdog
-        if watchdog is not None and _signal.getsignal(watchdog.signum) is _on_signal:
+        if watchdog is not None and signal.getsignal(watchdog.signum) is _on_signal:
             return watchdog
         _inline_ready = False  # someone replaced our handler: a signal would not stop the call any more
         return None
@@ -251,7 +250,7 @@ class TimeoutRunner:
         try:
             worker = _idle.pop()
         except IndexError:
-            worker = _Worker()
+            worker = _PooledThread()
         worker.runner, worker.fn, worker.args, worker.context = self, fn, args, _copy_context()
         worker.wake.release()
         try:
@@ -267,7 +266,7 @@ class TimeoutRunner:
             worker.wake.release()
         return ran, value
 
-    def _abandon(self, worker: _Worker) -> bool:
+    def _abandon(self, worker: _PooledThread) -> bool:
         """Give up on the thread's call; True when it had finished after all (the result is ready)."""
         with self._lock:
             if worker.done.acquire(False):
@@ -324,8 +323,6 @@ if hasattr(os, "register_at_fork"):
 
 class ThreadExecutor:
     """Runs the metric in this process: loaded here, each call under the timeout on the runner above."""
-
-    isolation = "thread"
 
     def __init__(self, loaded: LoadedMetric, timeout: float, feedback_limit: int):
         self.loaded = loaded

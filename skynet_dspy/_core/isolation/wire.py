@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 from typing import Any
 
 from ..types import Failure, MetricInfo, Outcome, Result
@@ -18,8 +19,13 @@ from ..values import shorten
 
 PROTOCOL = 5
 MAX_DEPTH = 20
-MAX_ITEMS = 100_000
+MAX_ITEMS = 100_000  # values in one message (containers and scalars alike); past it a container is cut with a note
+MAX_CHARS = 16_000_000  # characters of str and bytes values in one message; past it a text is cut with a note
 MAX_REPR = 10_000
+# Bytes of one message from a worker. A worker's own messages stay well below it (the bounds above); a
+# longer one was written by a metric into the worker's socket, and the worker is not to be trusted.
+MAX_MESSAGE = 64 * 2**20
+CUT_KEY = "[not sent]"  # the key a dict cut short by MAX_ITEMS holds, saying how many items were left out
 _SCALARS = (type(None), bool, int, float, str, bytes)
 
 
@@ -51,26 +57,48 @@ def from_worker(data: bytes) -> Any:
 
 
 def to_plain(value: Any) -> Any:
-    """`value` made of plain values only, each container rebuilt; anything else becomes its repr (bounded)."""
-    budget = [MAX_ITEMS]
-    return _plain(value, 0, budget)
+    """`value` made of plain values only, each container rebuilt; anything else becomes its repr (bounded).
+
+    At most MAX_ITEMS values and MAX_CHARS characters of text, however the value shares its parts (a
+    list of a million references to one string is a few bytes to pickle but a million strings to read).
+    """
+    return _plain(value, 0, _Budget())
 
 
-def _plain(value: Any, depth: int, budget: list[int]) -> Any:
+class _Budget:
+    __slots__ = ("items", "chars")
+
+    def __init__(self) -> None:
+        self.items = MAX_ITEMS
+        self.chars = MAX_CHARS
+
+
+def _plain(value: Any, depth: int, budget: _Budget) -> Any:
     kind = type(value)
+    budget.items -= 1
+    if kind is str or kind is bytes:
+        return _cut_text(value, budget)
     if kind in _SCALARS:
         return value
-    budget[0] -= 1
-    if depth >= MAX_DEPTH or budget[0] < 0:
-        return shorten(value, MAX_REPR)
+    if depth >= MAX_DEPTH or budget.items < 0:
+        if kind in (list, tuple, dict, set, frozenset):  # a note, not a repr: a repr walks what sharing hides
+            why = f"nested more than {MAX_DEPTH} levels deep" if depth >= MAX_DEPTH else "not sent"
+            return f"[a {kind.__name__} of {len(value)} items, {why}]"
+        return _cut_text(shorten(value, MAX_REPR), budget)
     if kind is list:
-        return [_plain(item, depth + 1, budget) for item in value]
+        return _items(value, depth, budget)
     if kind is tuple:
-        return tuple(_plain(item, depth + 1, budget) for item in value)
+        return tuple(_items(value, depth, budget))
     if kind is dict:
-        return {_key(key): _plain(item, depth + 1, budget) for key, item in dict.items(value)}
+        plain: dict[Any, Any] = {}
+        for key, item in dict.items(value):
+            if budget.items <= 0:
+                plain[CUT_KEY] = f"{dict.__len__(value) - len(plain)} more items"
+                break
+            plain[_key(key)] = _plain(item, depth + 1, budget)
+        return plain
     if kind in (set, frozenset):
-        items = [_plain(item, depth + 1, budget) for item in value]
+        items = _items(value, depth, budget)
         try:
             return kind(items)
         except TypeError:  # an item became unhashable (a repr is a str, so this is rare)
@@ -78,15 +106,38 @@ def _plain(value: Any, depth: int, budget: list[int]) -> Any:
     for base in (bool, int, float, str, bytes):  # a subclass travels as its base value (np.float64 is a float)
         if isinstance(value, base):
             try:
-                return base(value)
+                converted = base(value)
             except Exception:
                 break
+            return _cut_text(converted, budget) if base in (str, bytes) else converted
     if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         try:
             return _plain(value.item(), depth + 1, budget)
         except Exception:
             pass
-    return shorten(value, MAX_REPR)
+    return _cut_text(shorten(value, MAX_REPR), budget)
+
+
+def _items(values: Any, depth: int, budget: _Budget) -> list[Any]:
+    """The items of a list, tuple or set, made plain; cut with a note once the budget is spent."""
+    plain = []
+    for item in values:
+        if budget.items <= 0:
+            plain.append(f"[{len(values) - len(plain)} more items not sent]")
+            break
+        plain.append(_plain(item, depth + 1, budget))
+    return plain
+
+
+def _cut_text(text: Any, budget: _Budget) -> Any:
+    """`text` (a str or bytes), cut with a note when the message's characters are spent."""
+    size = len(text)
+    if size <= budget.chars:
+        budget.chars -= size
+        return text
+    keep, budget.chars = budget.chars, 0
+    note = f"[cut: it had {size:,} characters]"
+    return text[:keep] + (note if isinstance(text, str) else note.encode())
 
 
 def _key(key: Any) -> Any:
@@ -122,6 +173,15 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_RULE = re.compile(r"[A-Za-z0-9 ]{1,64}")  # the shape of every rule in contract.py
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # an exception class name (or "fork")
+
+
+def _name(value: Any, shape: re.Pattern[str]) -> str | None:
+    """`value` when it is a str of the given shape, else None (a metric may write its own replies)."""
+    return value if isinstance(value, str) and shape.fullmatch(value) else None
+
+
 def outcome_from_plain(data: Any) -> Outcome:
     """An Outcome from a worker's plain dict, every field type-checked (a worker is not trusted)."""
     if not isinstance(data, dict):
@@ -136,9 +196,9 @@ def outcome_from_plain(data: Any) -> Outcome:
                 score=float(raw["score"]),
                 feedback=str(raw["feedback"]) if isinstance(raw.get("feedback"), str) else "",
                 scores={str(k): float(v) for k, v in scores.items()} if isinstance(scores, dict) else None,
-                extra=extra if isinstance(extra, dict) else {},
+                extra=to_plain(extra) if isinstance(extra, dict) else {},  # bounded again: sharing may hide bulk
             )
-        except (KeyError, TypeError, ValueError):
+        except Exception:  # noqa: BLE001 - e.g. OverflowError from float() of a huge int a metric wrote itself
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent a malformed result")
     failure = _failure(data.get("failure"))
     if result is None and failure is None:
@@ -147,8 +207,8 @@ def outcome_from_plain(data: Any) -> Outcome:
         result=result if failure is None else None,
         failure=failure,
         detail=_text(data.get("detail")),
-        rule=_text(data.get("rule")),
-        error_type=_text(data.get("error_type")),
+        rule=_name(data.get("rule"), _RULE),  # both reach the optimizer in the neutral feedback: shape-checked
+        error_type=_name(data.get("error_type"), _TYPE_NAME),
         judge_problem=_failure(data.get("judge_problem")),
         judge_detail=_text(data.get("judge_detail")),
     )

@@ -21,11 +21,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..call import CallRequest, run_call
-from ..errors import LLMCallError, MetricLoadError, ModelNotConfigured, SpendCapReached
+from ..errors import LLMCallError, MetricLoadError, judge_error
 from ..loading import LoadedMetric, load, register_skynet
 from ..types import Failure, Item, Observation, Outcome
 from ..values import exception_text
-from . import wire
+from . import tree, wire
 
 _PARENT_CHECK = 0.5  # seconds between checks that the user's process is still there
 
@@ -48,29 +48,44 @@ class _ParentLLM:
         self._reading = False
         self._replies: dict[int, Any] = {}
         self._next = 0
-        self.call_id = 0
+        self._in_flight = 0  # requests sent and not yet answered
+        self.call_id = 0  # the call in progress; 0 between calls
 
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         if os.getpid() != _worker_pid:
             raise RuntimeError("llm() cannot be called from a process forked inside score()")
         with self._cond:
+            if not self.call_id:  # a thread of the metric's, after its call: the socket is the main loop's now
+                raise LLMCallError("llm() was called after its metric call had ended")
             self._next += 1
             request_id = self._next
-        message = ("llm", self.call_id, request_id, instructions, input, wire.to_plain(settings))
-        with self._send_lock:
-            self._conn.send_bytes(wire.to_parent(message))
-        reply = self._await(request_id)
-        status, payload = reply[2], reply[3:]
-        if status == "ok":
-            return payload[0]
-        kind, text = payload[0], payload[1]
-        if kind == Failure.JUDGE_NOT_CONFIGURED:
-            raise ModelNotConfigured(text)
-        if kind == Failure.SPEND_CAP:
-            raise SpendCapReached(text)
-        raise LLMCallError(text, payload[2], refused=bool(payload[3]))
+            self._in_flight += 1
+            call_id = self.call_id
+        try:
+            message = {
+                "kind": "llm", "call": call_id, "request": request_id, "instructions": instructions,
+                "input": input, "settings": wire.to_plain(settings),
+            }
+            with self._send_lock:
+                self._conn.send_bytes(wire.to_parent(message))
+            reply = self._await(request_id)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+        if "text" in reply:
+            return reply["text"]
+        error = reply["error"]
+        raise judge_error(Failure(error["failure"]), error["message"], error["status"], error["refused"])
 
-    def _await(self, request_id: int) -> Any:
+    def end_call(self) -> bool:
+        """End the call in progress: llm() fails at once from now on. True when a request is still awaiting
+        its reply: a thread of the metric's would then read the socket beside the main loop, so the worker
+        must retire."""
+        with self._cond:
+            self.call_id = 0
+            return self._in_flight > 0
+
+    def _await(self, request_id: int) -> dict[str, Any]:
         """The reply to `request_id`; whichever waiting thread reads a reply files it for its owner."""
         while True:
             with self._cond:
@@ -85,10 +100,10 @@ class _ParentLLM:
                 with self._cond:
                     self._reading = False
                     self._cond.notify_all()
-            if message[1] == request_id:
+            if message["request"] == request_id:
                 return message
             with self._cond:
-                self._replies[message[1]] = message
+                self._replies[message["request"]] = message
                 self._cond.notify_all()
 
 
@@ -97,6 +112,7 @@ def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(_PARENT_CHECK)
         if os.getppid() != parent:
+            tree.kill_descendants(os.getpid(), os.environ.get(tree.MARK))  # what the metric started goes too
             os._exit(1)
 
 
@@ -134,10 +150,14 @@ def _restore_file(score: Any, file: str | None, lines: list[str]) -> None:
         linecache.cache[file] = (sum(map(len, lines)), None, lines, file)
 
 
-def _request(message: tuple[Any, ...]) -> CallRequest:
-    _, _call_id, input_values, output, expected, observation, unmeasured = message
+def _request(message: dict[str, Any]) -> CallRequest:
+    observation = message["observation"]
     return CallRequest(
-        input_values, output, expected, Observation(**observation) if observation else None, unmeasured
+        input=message["input"],
+        output=message["output"],
+        expected=message["expected"],
+        observation=Observation(**observation) if observation else None,
+        unmeasured_reason=message["unmeasured_reason"],
     )
 
 
@@ -154,23 +174,23 @@ def _serve(conn: Connection) -> None:
             message = wire.from_parent(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        kind = message[0]
+        kind = message["kind"]
         if kind == "stop":
             return
         if kind == "load":
-            spec, feedback_limit = message[1], message[2]
+            feedback_limit = message["feedback_limit"]
             try:
-                loaded = _load(spec)
-                reply: tuple[Any, ...] = ("loaded", wire.info_to_plain(loaded.info()))
+                loaded = _load(message["spec"])
+                reply: dict[str, Any] = {"kind": "loaded", "info": wire.info_to_plain(loaded.info())}
             except MetricLoadError as exc:
-                reply = ("load_failed", str(exc), str(exc.item))
+                reply = {"kind": "load_failed", "message": str(exc), "item": str(exc.item)}
             except FileNotFoundError as exc:
-                reply = ("load_failed", str(exc), "not_found")
+                reply = {"kind": "load_failed", "message": str(exc), "item": "not_found"}
             except BaseException as exc:  # noqa: BLE001 - an unloadable pickled score, a hostile import
-                reply = ("load_failed", f"the metric could not be loaded in its worker process: "
-                         f"{exception_text(exc)}", str(Item.LOADS))
+                reply = {"kind": "load_failed", "item": str(Item.LOADS), "message": "the metric could not be "
+                         f"loaded in its worker process: {exception_text(exc)}"}
         elif kind == "call" and loaded is not None:
-            llm.call_id = message[1]
+            llm.call_id = message["call"]
             _forked = False
             outcome = run_call(loaded, _request(message), llm, feedback_limit)
             if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
@@ -182,11 +202,14 @@ def _serve(conn: Connection) -> None:
                     detail="score() started a child process with os.fork(); a metric worker allows no fork, "
                     "so the call was not scored and the worker and its children were stopped",
                 )
-            reply = ("outcome", message[1], wire.outcome_to_plain(outcome), _forked)
+            stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
+            reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
+                     "retire": _forked or stragglers}
         else:
-            reply = ("error", f"the worker got {kind!r} before a metric was loaded")
+            reply = {"kind": "error", "message": f"the worker got {kind!r} before a metric was loaded"}
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
         try:
             with send_lock:
                 conn.send_bytes(wire.to_parent(reply))
@@ -194,9 +217,11 @@ def _serve(conn: Connection) -> None:
             fallback = Outcome(
                 failure=Failure.CRASHED, detail=f"the worker could not send its reply: {exception_text(exc)}"
             )
+            reply = {"kind": "outcome", "call": message.get("call"), "outcome": wire.outcome_to_plain(fallback),
+                     "retire": False}
             with send_lock:
-                conn.send_bytes(wire.to_parent(("outcome", message[1], wire.outcome_to_plain(fallback), False)))
-        if kind == "call" and reply[3]:
+                conn.send_bytes(wire.to_parent(reply))
+        if reply.get("retire"):
             return  # retire after a fork: the user's process stops this worker and its children
 
 
@@ -207,8 +232,9 @@ def main() -> None:
     register_skynet()
     conn = Connection(int(sys.argv[1]))
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="skynet-parent-watch", daemon=True).start()
-    conn.send_bytes(wire.to_parent(("ready", os.getpid())))
+    conn.send_bytes(wire.to_parent({"kind": "ready", "pid": os.getpid()}))
     try:
         _serve(conn)
     finally:
+        tree.kill_descendants(os.getpid(), os.environ.get(tree.MARK))  # the metric's processes end with the worker
         os._exit(0)  # no atexit handlers, no flushing of what a forked metric left behind

@@ -15,7 +15,6 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy._core.isolation import wire
-from skynet_dspy._core.types import Failure
 
 PID_METRIC = """
 import os, time
@@ -81,11 +80,13 @@ def test_workers_hold_no_credentials(tmp_path, monkeypatch):
     assert not {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_SERVICE_PASSWORD"} & set(env)
 
 
-def test_a_closed_metric_refuses_calls_clearly(tmp_path):
-    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC))
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_closed_metric_refuses_calls_clearly(tmp_path, isolation):
+    """Scoring with a closed metric is the caller's mistake: an error, not a call scored as the metric's fault."""
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC), isolation=isolation)
     metric.close()
-    result = metric.score({}, 1)
-    assert result.failure == Failure.CRASHED and "closed" in result.detail
+    with pytest.raises(skynet_dspy.WorkerError, match="was closed; load it again"):
+        metric.score({}, 1)
 
 
 FORKING_USER = """

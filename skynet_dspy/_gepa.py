@@ -21,10 +21,10 @@ from ._core.errors import SpendCapReached
 from ._core.logs import logger as logger
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
-from ._dspy import measure, record, translate
+from ._dspy import hooks, measure, record, translate
 from ._dspy.budget import check_budget
 from ._dspy.metric import OPTIONS as METRIC_OPTIONS_ALL
-from ._dspy.metric import Metric, load_metric, reject_options_for_loaded
+from ._dspy.metric import Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
 from ._judge import endpoint, is_lm
 
 if TYPE_CHECKING:
@@ -251,7 +251,8 @@ class Evaluator:
             if cap is not None:
                 cap.check()  # the program's spending cap is reached: run() is not even started
             if self.metric.measuring:
-                output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
+                with self.metric.capping():  # the cap governs this run() call's model calls, no others
+                    output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
             else:
                 output, observation = self.run(artifact, translate.detach(input_values)), None
         except SpendCapReached as exc:  # a model call run() made was refused: no more is spent
@@ -288,7 +289,7 @@ def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
     if result.scores:
         side_info["scores"] = dict(result.scores)
     if result.failure in _NOT_KEPT:
-        side_info["_gepa_transient_failure"] = True
+        side_info = hooks.keep_out_of_gepas_cache(side_info)
     return result.score, side_info
 
 
@@ -451,9 +452,7 @@ def optimize_anything(
         engine["max_metric_calls"] = max_metric_calls
     top = groups["top"]
     if evaluator.metric.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
-        given = top.get("stop_callbacks")
-        stoppers = [] if given is None else list(given) if isinstance(given, Sequence) else [given]
-        top["stop_callbacks"] = [*stoppers, evaluator.metric.stop_callback]
+        top["stop_callbacks"] = stop_callbacks_with_caps(top.get("stop_callbacks"), evaluator.metric)
     # ids that never name two different examples, for GEPA's evaluation cache (see example_loaders)
     dataset, validation = (train, None) if val is None else example_loaders(train, val)
     if top.get("merge") is True:

@@ -13,48 +13,72 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from .._core import context
 from .._core.lru import LRU
 from .._core.types import Observation
+from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
 from .._judge import response_usage
 from .._judge.spend import SpendCap
 from . import hooks
 
-__all__ = ["add_program_cap", "install", "installed", "measure", "observation_for", "remove_program_cap"]
+__all__ = ["cap_in_scope", "install", "installed", "measure", "observation_for", "program_caps"]
 
-# The max_program_cost_usd= caps of the metrics open in this process: each program model call measured here is
-# checked against them before it is made (refused once one is reached) and charged to them after it.
-_program_caps: weakref.WeakSet[SpendCap] = weakref.WeakSet()
+# A metric's max_program_cost_usd= cap governs only the program's runs inside its own optimization: the scope
+# program_caps(cap) opens (skynet_dspy.gepa()'s compile, optimize_anything's run() calls, `metric.capping()`).
+# A run takes the caps in scope where it starts; its model calls are checked against them before they are made
+# and charged to them after. Runs outside every scope are never refused. The scope is a context variable, and is
+# carried in DSPy's own context too, which DSPy copies into the threads it starts (dspy.Evaluate, dspy.Parallel).
+_caps: ContextVar[tuple[SpendCap, ...]] = ContextVar("skynet_program_caps", default=())
+_CAPS_KEY = "skynet_program_caps"
 
 
-def add_program_cap(cap: SpendCap) -> None:
-    """Check and charge every measured program model call in this process against `cap` (installs measurement)."""
+def _scoped_caps() -> tuple[SpendCap, ...]:
+    """The program caps in scope here: this context's, else those DSPy carried into this thread."""
+    caps = _caps.get()
+    if caps:
+        return caps
+    import dspy
+
+    return dspy.settings.get(_CAPS_KEY) or ()
+
+
+def cap_in_scope(cap: SpendCap) -> bool:
+    """Whether `cap` governs a program run started here."""
+    return any(scoped is cap for scoped in _scoped_caps())
+
+
+@contextmanager
+def program_caps(cap: SpendCap | None) -> Iterator[None]:
+    """Within the block, program runs started here (and in threads DSPy starts) are checked and charged
+    against `cap`, beside any cap already in scope; None: the block changes nothing."""
+    if cap is None or cap_in_scope(cap):
+        yield
+        return
+    import dspy
+
     install()
-    _program_caps.add(cap)
-
-
-def remove_program_cap(cap: SpendCap) -> None:
-    """Stop charging program model calls to `cap` (its metric was closed)."""
-    _program_caps.discard(cap)
-
-
-def _check_program_caps() -> None:
-    """Before a program model call: SpendCapReached when a program cap is reached."""
-    for cap in list(_program_caps):
-        cap.check()
+    caps = (*_scoped_caps(), cap)
+    token = _caps.set(caps)
+    try:
+        with dspy.context(**{_CAPS_KEY: caps}):
+            yield
+    finally:
+        _caps.reset(token)
 
 
 class _Run:
     """Figures of one run, added to from every thread the run uses."""
 
-    __slots__ = ("started", "lock", "calls", "prompt", "completion", "cost", "unpriced")
+    __slots__ = ("started", "lock", "calls", "prompt", "completion", "cost", "unpriced", "caps")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
+        self.caps = _scoped_caps()  # the program caps in scope where the run started
         self.lock = threading.Lock()
         self.calls = 0
         self.prompt = 0
@@ -73,7 +97,7 @@ class _Run:
                     self.unpriced.append(reason)
             else:
                 self.cost += cost
-        for cap in list(_program_caps):
+        for cap in self.caps:
             cap.charge(cost, unpriced)
 
     def finish(self) -> Observation:
@@ -294,17 +318,6 @@ def _no_price(model: Any, detail: Any = None) -> str:
     return reason
 
 
-def _tokens(usage: Any, *names: str) -> int:
-    for name in names:
-        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-        if value is not None:
-            try:
-                return max(0, int(value))
-            except (TypeError, ValueError):
-                return 0
-    return 0
-
-
 def _count_dspy_result(run: _Run, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Add one DSPy LM execution, execute(lm, call) -> CallResult, to the run."""
     figures = hooks.call_result_figures(result)
@@ -314,8 +327,8 @@ def _count_dspy_result(run: _Run, result: Any, args: tuple[Any, ...], kwargs: di
     model = getattr(args[0], "model", None) or figures["model"]
     run.add(
         figures["calls"],
-        _tokens(figures["usage"], "prompt_tokens", "input_tokens"),
-        _tokens(figures["usage"], "completion_tokens", "output_tokens"),
+        token_count(figures["usage"], PROMPT_TOKENS),
+        token_count(figures["usage"], COMPLETION_TOKENS),
         None if cost is None else float(cost),
         None if cost is not None else _no_price(model, figures["unpriced_detail"]),
     )
@@ -346,8 +359,8 @@ def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[...
                 run = _active_run()
                 if run is None:
                     return await original(*args, **kwargs)
-                if _program_caps:
-                    _check_program_caps()
+                for cap in run.caps:
+                    cap.check()  # SpendCapReached once a cap of the run's optimization is reached
                 token = _counting.set(True)
                 try:
                     result = await original(*args, **kwargs)
@@ -363,8 +376,8 @@ def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[...
             run = _active_run()
             if run is None:
                 return original(*args, **kwargs)
-            if _program_caps:
-                _check_program_caps()
+            for cap in run.caps:
+                cap.check()  # SpendCapReached once a cap of the run's optimization is reached
             token = _counting.set(True)
             try:
                 result = original(*args, **kwargs)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import keyword
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,10 +21,11 @@ import dspy
 from .._core import secrets
 from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
+from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.scorer import Scorer
 from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
-from .._core.values import exception_text, unknown_option, whole_number
+from .._core.values import exception_text, identifier, unknown_option, whole_number
 from .._judge import Judge
 from .._judge.spend import Spend, SpendCap
 from . import measure as measurement
@@ -45,8 +46,11 @@ class Score(dspy.Prediction, float):
     sum(), averages, csv and json files, pandas, `f"{s:.2f}"`. A failed call is falsy and never at or
     above a threshold, so BootstrapFewShot never takes it as a demo; a successful call is truthy when its
     score is above zero. The full Result (extra side-information keys, the failure's detail) is on
-    `.result`, never among the fields DSPy reads.
+    `.result`, and the output the metric was given on `.output`, never among the fields DSPy reads.
     """
+
+    _output: Any = None
+    _has_output = False
 
     def __new__(cls, result: Any = None, base: Any = None, **fields: Any) -> Score:
         return float.__new__(cls, _as_result(result, base, fields).score)
@@ -63,6 +67,23 @@ class Score(dspy.Prediction, float):
     def result(self) -> Result:
         """The metric call in full: score, feedback, named scores, extra keys, failure kind and detail."""
         return self._result
+
+    @property
+    def output(self) -> Any:
+        """The output the metric was given (the prediction as output_fields / to_output made it); None when the
+        metric was given none (`has_output` False: the prediction could not be read, or the Score was rebuilt)."""
+        return self._output
+
+    @property
+    def has_output(self) -> bool:
+        """Whether `output` is what the metric was given."""
+        return self._has_output
+
+    def _given(self, output: Any) -> Score:
+        """This Score, recording `output` as what the metric was given (set once, by Metric.__call__)."""
+        if output is not _NO_OUTPUT:
+            self._output, self._has_output = output, True
+        return self
 
     @property
     def ok(self) -> bool:
@@ -104,13 +125,29 @@ class Score(dspy.Prediction, float):
     __str__ = __repr__
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Score, (self._result,))
+        return (_rebuilt, (self._result, self._output if self._has_output else _NO_OUTPUT))
 
     def __copy__(self) -> Score:
-        return Score(self._result)
+        return Score(self._result)._given(self._output if self._has_output else _NO_OUTPUT)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Score:
-        return Score(self._result.copy())
+        output = copy.deepcopy(self._output, memo) if self._has_output else _NO_OUTPUT
+        return Score(self._result.copy())._given(output)
+
+
+class _NoOutput:
+    """The metric was given no output (the prediction could not be read): a Score's `has_output` is False."""
+
+    def __reduce__(self) -> str:
+        return "_NO_OUTPUT"
+
+
+_NO_OUTPUT: Any = _NoOutput()
+
+
+def _rebuilt(result: Result, output: Any) -> Score:
+    """A Score from its pickled parts."""
+    return Score(result)._given(output)
 
 
 def _number(other: object) -> float:
@@ -148,6 +185,7 @@ class _MemoEntry:
     gold_fields: Any
     pred_fields: Any
     result: Result
+    output: Any  # what the metric was given (_NO_OUTPUT when the prediction could not be read)
 
     def still_holds(self, gold: Any, pred: Any) -> bool:
         if self.gold is not gold or self.pred is not pred:
@@ -162,6 +200,14 @@ def _snapshot(record: Any) -> Any:
     if isinstance(record, (dspy.Example, Mapping)):
         return translate.fields_of(record)
     return copy.copy(record)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """One DSPy metric call: its Result, and the output the metric was given (_NO_OUTPUT when none)."""
+
+    result: Result
+    output: Any = _NO_OUTPUT
 
 
 class SpendCapStopper:
@@ -232,11 +278,11 @@ class Metric:
         self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
         self.program_cap = program_cap
         if program_cap is not None:
-            self.measuring = True
-            measurement.add_program_cap(program_cap)  # every measured program model call is checked and charged
+            self.measuring = True  # the cap governs the runs of this metric's optimizations only (capping())
         if self.measuring:
             measurement.install()
         self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
+        self._warned_uncapped = False
         self.__name__ = self.scorer.info.name
 
     # -- DSPy's side ------------------------------------------------------------------------
@@ -259,41 +305,46 @@ class Metric:
         entry = self._memo.get(key)
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
-            return Score(entry.result.copy())
-        result = self._score_dspy(gold, pred)
-        if result.failure is not Failure.OVERLOADED:  # a call never run is worth trying again
-            self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), result))
-        return Score(result.copy())
+            return Score(entry.result.copy())._given(entry.output)
+        scored = self._score_dspy(gold, pred)
+        if scored.result.failure is not Failure.OVERLOADED:  # a call never run is worth trying again
+            self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
+        return Score(scored.result.copy())._given(scored.output)
 
-    def _score_dspy(self, gold: Any, pred: Any) -> Result:
+    def _score_dspy(self, gold: Any, pred: Any) -> _Scored:
         try:
             input_values, expected = translate.split_example(gold)
         except Exception as exc:
-            return self.scorer.failed(
+            return _Scored(self.scorer.failed(
                 Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
                         detail=f"could not read the example: {exception_text(exc)}"),
                 feedback="Not scored: the example could not be read.",
-            )
+            ))
         try:
             output = translate.prediction_output(pred, self.output_fields, self.to_output)
         except translate.MissingOutputField as exc:
-            return self.scorer.failed(
+            return _Scored(self.scorer.failed(
                 Outcome(failure=Failure.MISSING_FIELD, detail=str(exc)),
                 feedback=f"Not scored: the program's output lacks the field(s) {', '.join(exc.missing)} "
                 f"(fields present: {', '.join(exc.present) or 'none'}).",
-            )
+            ))
         except Exception as exc:
             where = "to_output raised" if self.to_output is not None else "the prediction could not be read:"
-            return self.scorer.failed(
+            return _Scored(self.scorer.failed(
                 Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
                         detail=f"{where} {exception_text(exc)}"),
                 feedback=f"Not scored: the program's output could not be read ({type(exc).__name__}).",
-            )
+            ))
         if self.measuring:
             observation, reason = measurement.observation_for(pred)
+            if observation is not None and self.program_cap is not None and not self._warned_uncapped \
+                    and not measurement.cap_in_scope(self.program_cap):
+                self._warn_uncapped()
         else:
             observation, reason = None, _NOT_MEASURED
-        return self.scorer.score(CallRequest(input_values, output, expected, observation, reason))
+        # kept as the metric was given it: a metric in this process (isolation="thread") may change its argument
+        shown = output if self.isolation == "process" else translate.detach(output)
+        return _Scored(self.scorer.score(CallRequest(input_values, output, expected, observation, reason)), shown)
 
     # -- plain values -----------------------------------------------------------------------
 
@@ -371,6 +422,27 @@ class Metric:
         """Whether a spending cap of this metric is reached (no more of those model calls are made)."""
         return any(cap.reached for cap in (self.judge.spend_cap, self.program_cap) if cap is not None)
 
+    @contextmanager
+    def capping(self) -> Iterator[None]:
+        """Within the block, the program's runs are checked and charged against max_program_cost_usd=.
+
+        skynet_dspy.gepa()'s compile and optimize_anything() run inside it already; wrap a hand-built
+        dspy.Evaluate or dspy.GEPA in it to cap their program runs (threads DSPy starts inherit it). Program
+        calls outside every such block are never refused. Without a program cap the block changes nothing.
+        """
+        with measurement.program_caps(self.program_cap):
+            yield
+
+    def _warn_uncapped(self) -> None:
+        self._warned_uncapped = True
+        logger.warning(
+            "skynet-dspy: %s scored a run of the program made outside its optimization, so max_program_cost_usd=%g "
+            "neither counted nor refused its model calls (it governs skynet_dspy.gepa()'s compile and "
+            "optimize_anything(); wrap a hand-built dspy.Evaluate or dspy.GEPA in `with metric.capping():`). "
+            "Said once per metric.",
+            self.name, self.program_cap.limit_usd if self.program_cap is not None else 0.0,
+        )
+
     @property
     def stop_callback(self) -> Callable[[Any], bool]:
         """A GEPA stop callback that stops the run once a spending cap is reached (skynet_dspy.gepa() and
@@ -379,8 +451,6 @@ class Metric:
 
     def close(self) -> None:
         """Stop the metric's worker processes (they also stop when the metric is garbage or at exit)."""
-        if self.program_cap is not None:
-            measurement.remove_program_cap(self.program_cap)
         self.scorer.close()
 
     def __enter__(self) -> Metric:
@@ -417,10 +487,16 @@ def metric_class_name(source: Any) -> str:
         stem = source.__name__.rpartition(".")[2]
     else:
         stem = getattr(source, "__name__", None) or type(source).__name__
-    name = "".join(char if char.isalnum() or char == "_" else "_" for char in str(stem)) or "metric"
-    if name[0].isdigit() or keyword.iskeyword(name):
-        name = f"metric_{name}"
-    return name
+    return identifier(stem)
+
+
+def stop_callbacks_with_caps(given: Any, metric: Metric) -> Any:
+    """GEPA's stop_callbacks= for a run scored by `metric`: `given` (None, one callback or a list) and, when the
+    metric has a spending cap, its stop_callback after them (GEPA stops once a cap is reached)."""
+    if not metric.spend:
+        return given
+    stoppers = [] if given is None else list(given) if isinstance(given, Sequence) else [given]
+    return [*stoppers, metric.stop_callback]
 
 
 def reject_options_for_loaded(where: str, metric: Metric, options: Mapping[str, Any]) -> None:

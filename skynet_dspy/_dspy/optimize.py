@@ -8,7 +8,7 @@ side by side; `failure_score` goes to both, so a failed metric call scores the s
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import dspy
@@ -17,7 +17,7 @@ from .._core import secrets
 from .._core.values import unknown_option
 from .._judge import endpoint
 from .budget import check_budget
-from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded
+from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
 from .record import record_compiles
 
 _GEPA_OPTIONS = tuple(
@@ -27,7 +27,8 @@ _GEPA_OPTIONS = tuple(
 
 class SkynetGEPA(dspy.GEPA):
     """dspy.GEPA as skynet_dspy.gepa() builds it: compile() first checks that the budget buys the valset
-    evaluation and a few proposals (the data sets are known only there), then runs dspy.GEPA unchanged."""
+    evaluation and a few proposals (the data sets are known only there), then runs dspy.GEPA unchanged,
+    with the metric's program cap (max_program_cost_usd=) in force for the program's runs it makes."""
 
     def compile(self, student: Any, *, trainset: Any, teacher: Any = None, valset: Any = None) -> Any:
         calls = None
@@ -37,7 +38,11 @@ class SkynetGEPA(dspy.GEPA):
             calls = self.max_full_evals * (len(trainset) + (len(valset) if valset is not None else 0))
         if calls is not None and trainset:
             check_budget("skynet_dspy.gepa()", calls, len(valset or trainset), self.reflection_minibatch_size or 3)
-        return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
+        metric = getattr(self, "skynet_metric", None)
+        if metric is None:
+            return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
+        with metric.capping():  # max_program_cost_usd= governs the program's runs of this compile, and no others
+            return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
 
 
 def gepa(
@@ -92,8 +97,10 @@ def gepa(
                     "of gepa() or load the metric again without one"
                 )
             judge.metric_lm = metric_lm
-        if judge.reflection_lm is None:
+        # llm() follows the reflection model of the latest gepa(), unless the metric was loaded with its own
+        if judge.reflection_lm is None or getattr(metric, "_reflection_from_gepa", False):
             judge.reflection_lm = reflection
+            metric._reflection_from_gepa = True
         loaded = metric
     else:
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)
@@ -101,9 +108,7 @@ def gepa(
     gepa_settings.setdefault("track_stats", True)  # skynet_dspy.report() reads the candidates' scores
     if loaded.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
         extra = dict(gepa_settings.get("gepa_kwargs") or {})
-        given = extra.get("stop_callbacks")
-        stoppers = [] if given is None else list(given) if isinstance(given, Sequence) else [given]
-        extra["stop_callbacks"] = [*stoppers, loaded.stop_callback]
+        extra["stop_callbacks"] = stop_callbacks_with_caps(extra.get("stop_callbacks"), loaded)
         gepa_settings["gepa_kwargs"] = extra
     optimizer = SkynetGEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
     optimizer.skynet_metric = loaded

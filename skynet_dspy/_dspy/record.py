@@ -1,22 +1,24 @@
 """What one optimization run used, recorded around it: wall time, and the judge's, program's and reflection's usage.
 
 `skynet_dspy.gepa()` records every `compile` of the dspy.GEPA it builds, and `optimize_anything` its run; the
-record (a RunRecord, plain figures) goes on the optimizer, the compiled program or the GEPAResult as
-`skynet_run`, where `skynet_dspy.report()` reads it for the cost receipt. The figures are differences taken
-across the run, so what the metric did before it (a baseline evaluation) is not counted.
+record (a RunRecord, plain figures) goes on the optimizer and the compiled program as `skynet_run`, and is kept
+beside the GEPAResult (record_of(), never written into it), where `skynet_dspy.report()` reads it for the cost
+receipt. The figures are differences taken across the run, so what the metric did before it (a baseline
+evaluation) is not counted.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from gepa.lm import LM as GepaLM
 
 from .._core.types import JudgeUsage, ProgramUsage
-from .._core.values import exception_text
+from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, exception_text, token_count, usd
 from . import hooks
 
 ATTRIBUTE = "skynet_run"
@@ -127,8 +129,8 @@ class _History:
                 continue
             calls += 1
             usage = figures["usage"]
-            prompt += _tokens(usage, "prompt_tokens", "input_tokens")
-            completion += _tokens(usage, "completion_tokens", "output_tokens")
+            prompt += token_count(usage, PROMPT_TOKENS)
+            completion += token_count(usage, COMPLETION_TOKENS)
             if figures["cost"] is None:
                 cost = None
             elif cost is not None:
@@ -153,9 +155,32 @@ class _GepaCounters:
         calls, cost, prompt, completion = self._now()
         start_calls, start_cost, start_prompt, start_completion = self.start
         counted = calls - start_calls if isinstance(calls, int) and isinstance(start_calls, int) else None
-        note = None if counted is not None else "gepa's LM does not count calls"
-        return ReflectionUsage(counted, 0, prompt - start_prompt, completion - start_completion,
-                               cost - start_cost, note)
+        notes = [] if counted is not None else ["gepa's LM does not count calls"]
+        spent: float | None = cost - start_cost
+        used = (counted or 0) > 0 or (prompt - start_prompt) + (completion - start_completion) > 0
+        # gepa's LM books a call LiteLLM cannot price as $0: nothing booked for calls made means unknown,
+        # unless LiteLLM prices this model at $0 (a free model's $0 is its cost)
+        if used and spent == 0 and not _priced_at_zero(self.lm):
+            spent = None
+            notes.append(f"no price known for model {self.lm.model} (gepa's LM books its calls as $0; register "
+                         "the price with litellm.register_model(...) to count them)")
+        return ReflectionUsage(counted, 0, prompt - start_prompt, completion - start_completion, spent,
+                               "; ".join(notes) or None)
+
+
+def _priced_at_zero(lm: Any) -> bool:
+    """Whether LiteLLM prices `lm`'s tokens at $0 (settings given to the LM first, then LiteLLM's price list)."""
+    settings = getattr(lm, "completion_kwargs", None) or {}
+    rates = [settings.get("input_cost_per_token"), settings.get("output_cost_per_token")]
+    if all(rate is None for rate in rates):
+        try:
+            import litellm
+
+            info = litellm.get_model_info(model=lm.model)
+        except Exception:  # no price entry for the model
+            return False
+        rates = [info.get("input_cost_per_token"), info.get("output_cost_per_token")]
+    return all(isinstance(rate, (int, float)) and rate == 0 for rate in rates)
 
 
 class _Unknown:
@@ -171,14 +196,6 @@ def _reader(model: Any) -> Any:
     if isinstance(model, GepaLM):
         return _GepaCounters(model)
     return _Unknown()
-
-
-def _tokens(usage: Any, *names: str) -> int:
-    for name in names:
-        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return max(0, int(value))
-    return 0
 
 
 # -- the record ------------------------------------------------------------------------------------------
@@ -215,7 +232,7 @@ def _without_program(reflection: ReflectionUsage, program: ProgramUsage | None) 
     if reflection.calls is None:
         return reflection
     if program is None:
-        cost = f"${reflection.cost_usd:.6f}" if reflection.cost_usd is not None else "an unknown cost"
+        cost = usd(reflection.cost_usd) if reflection.cost_usd is not None else "an unknown cost"
         return ReflectionUsage(
             None, reflection.cache_hits, None, None, None,
             f"the reflection model is also the program's model and the program's runs were not measured, so their "
@@ -274,17 +291,68 @@ class Recorder:
         )
 
 
+class _Records:
+    """Run records by the object they describe, matched by identity and held weakly: an entry lives as long as
+    its object, and nothing is written into an object of another library (GEPA's frozen GEPAResult)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[int, tuple[weakref.ref, RunRecord]] = {}
+
+    def put(self, target: Any, record: RunRecord) -> None:
+        key = id(target)
+
+        def forget(ref: weakref.ref) -> None:
+            with self._lock:
+                entry = self._by_id.get(key)
+                if entry is not None and entry[0] is ref:
+                    del self._by_id[key]
+
+        ref = weakref.ref(target, forget)
+        with self._lock:
+            self._by_id[key] = (ref, record)
+
+    def get(self, target: Any) -> RunRecord | None:
+        with self._lock:
+            entry = self._by_id.get(id(target))
+        return entry[1] if entry is not None and entry[0]() is target else None
+
+
+_records = _Records()
+
+
 def attach(target: Any, record: RunRecord | None) -> Any:
-    """Put the record on `target` (a compiled program, a GEPAResult, frozen or not) as `skynet_run`; returns it."""
-    if target is not None and record is not None:
+    """Keep `record` as the record of `target` (a compiled program, a GEPAResult) for record_of(); returns target.
+
+    A DSPy program also gets it as its `skynet_run` attribute (an ordinary attribute; a GEPAResult is frozen
+    and left untouched).
+    """
+    if target is None or record is None:
+        return target
+    try:
+        _records.put(target, record)
+    except TypeError:  # an object that takes no weak reference: the attribute alone, where it can be set
+        pass
+    if not _is_frozen(target):
         try:
             setattr(target, ATTRIBUTE, record)
-        except (AttributeError, TypeError):  # a frozen dataclass (GEPAResult)
-            try:
-                object.__setattr__(target, ATTRIBUTE, record)
-            except (AttributeError, TypeError):
-                pass
+        except (AttributeError, TypeError):
+            pass
     return target
+
+
+def record_of(target: Any) -> RunRecord | None:
+    """The record attach() kept of `target` (or its `skynet_run` attribute), or None."""
+    found = _records.get(target)
+    if found is not None:
+        return found
+    value = getattr(target, ATTRIBUTE, None)
+    return value if isinstance(value, RunRecord) else None
+
+
+def _is_frozen(target: Any) -> bool:
+    params = getattr(type(target), "__dataclass_params__", None)
+    return bool(getattr(params, "frozen", False))
 
 
 def program_models(student: Any) -> list[Any]:

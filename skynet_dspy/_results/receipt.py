@@ -12,6 +12,7 @@ from typing import Any
 
 from .._core import secrets
 from .._core.types import JudgeUsage, ProgramUsage
+from .._core.values import usd
 from .._dspy.record import ReflectionUsage, RunRecord
 
 _NOT_MEASURED = (
@@ -73,22 +74,22 @@ class CostReceipt:
         if program is None:
             program_text = "not measured"
         else:
-            cost = _usd(program.cost_usd) + (f" (+{program.unpriced} unpriced run(s))" if program.unpriced else "")
+            cost = usd(program.cost_usd) + (f" (+{program.unpriced} unpriced run(s))" if program.unpriced else "")
             program_text = (f"{program.runs} run(s), {program.model_calls} model call(s), "
                             f"{program.total_tokens:,} tokens, {cost}, {program.run_ms / 1000:.2f} s of runs")
         judge = self.judge
         judge_text = (f"{judge.calls} call(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "
-                      f"{_usd(judge.cost_usd)}, {judge.seconds:.2f} s")
+                      f"{usd(judge.cost_usd)}, {judge.seconds:.2f} s")
         if judge.errors:
             judge_text += f", {judge.errors} failed"
         reflection = self.reflection
         calls = "? calls" if reflection.calls is None else f"{reflection.calls} call(s)"
         tokens = "? tokens" if reflection.total_tokens is None else f"{reflection.total_tokens:,} tokens"
-        reflection_text = f"{calls}, {tokens}, {_usd(reflection.cost_usd)}"
+        reflection_text = f"{calls}, {tokens}, {usd(reflection.cost_usd)}"
         if reflection.cache_hits:
             reflection_text += f", {reflection.cache_hits} cache hit(s)"
         total = self.total_usd
-        total_text = _usd(total) if total is not None else f"at least {_usd(self._known_usd())} (some costs unknown)"
+        total_text = usd(total) if total is not None else f"at least {usd(self._known_usd())} (some costs unknown)"
         failed = sum(self.failures.values())
         kinds = ", ".join(f"{count} {kind}" for kind, count in self.failures.items())
         metric_text = (f"{self.metric_calls} score() call(s), {self.memo_hits} answered from memory, "
@@ -166,7 +167,3 @@ class CostReceipt:
                 "receipt/program/cost_usd": self.program.cost_usd,
             }
         return {name: float(value) for name, value in figures.items() if value is not None}
-
-
-def _usd(value: float | None) -> str:
-    return "cost unknown" if value is None else f"${value:.6f}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core import secrets
-from .._dspy.record import ATTRIBUTE, RunRecord
+from .._dspy.record import ATTRIBUTE, RunRecord, record_of
 from .receipt import CostReceipt
 
 
@@ -215,7 +215,7 @@ def _sources(run: Any) -> tuple[Any, RunRecord | None, str]:
 
     if _is_gepa_results(run):
         source = "optimize_anything" if _plain_gepa(run) else "dspy.GEPA"
-        return run, getattr(run, ATTRIBUTE, None), source
+        return run, record_of(run), source
     if isinstance(run, dspy.GEPA):
         if not hasattr(run, ATTRIBUTE):
             raise ValueError(
@@ -230,7 +230,7 @@ def _sources(run: Any) -> tuple[Any, RunRecord | None, str]:
             return None, record, "dspy.GEPA"
         return _detailed(program), record, "dspy.GEPA"
     if isinstance(run, dspy.Module):
-        return _detailed(run), getattr(run, ATTRIBUTE, None), "dspy.GEPA"
+        return _detailed(run), record_of(run), "dspy.GEPA"
     raise TypeError(
         "skynet_dspy.report() takes the dspy.GEPA built by skynet_dspy.gepa() after compile(), the program compile() "
         f"returned, or the result of skynet_dspy.optimize_anything(); got {type(run).__name__}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -170,16 +169,5 @@ class Summary:
 
 def summarize(scored: Sequence[Scored], seconds: float) -> Summary:
     """The summary of a scoring run that took `seconds`."""
-    failures: dict[str, int] = {}
-    for item in scored:
-        if item.result.failure is not None:
-            kind = str(item.result.failure)
-            failures[kind] = failures.get(kind, 0) + 1
-    means: dict[str, float] = {}
-    if scored:
-        means["score"] = math.fsum(item.result.score for item in scored) / len(scored)
-    names = dict.fromkeys(name for item in scored for name in (item.result.scores or {}))
-    for name in names:
-        found = [item.result.scores[name] for item in scored if name in (item.result.scores or {})]
-        means[name] = math.fsum(found) / len(found)
-    return Summary(len(scored), failures, means, seconds)
+    results = [item.result for item in scored]
+    return Summary(len(scored), table.failure_counts(results), table.score_means(results), seconds)

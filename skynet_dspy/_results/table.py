@@ -63,6 +63,8 @@ def row_of(example: Any, prediction: Any, score: Any) -> Row:
         inputs, expected = translate.split_example(example)
     except Exception:  # not a dspy.Example with inputs marked: its fields, all as inputs
         inputs, expected = _fields(example), None
+    if isinstance(score, Score) and score.has_output:  # the output the metric was given (output_fields, to_output)
+        return row_of_result(inputs, score.output, expected, score.result)
     try:
         output = translate.prediction_output(prediction)
     except Exception:
@@ -152,23 +154,25 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
     return cells
 
 
-def score_means(rows: Sequence[Row]) -> dict[str, float]:
-    """The mean of the score and of each named score over the rows that have it (failed calls included)."""
+def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:
+    """The mean of the score and of each named score over the rows (or Results) that have it (failed calls
+    included): one rule for the results table, MLflow and `skynet-dspy score`'s summary."""
     means: dict[str, float] = {}
     if rows:
-        means["score"] = math.fsum(row.score for row in rows) / len(rows)
-    for name in _union(row.scores.keys() for row in rows):
-        found = [row.scores[name] for row in rows if name in row.scores]
+        means["score"] = math.fsum(float(row.score) for row in rows) / len(rows)
+    for name in _union((row.scores or {}).keys() for row in rows):
+        found = [row.scores[name] for row in rows if row.scores and name in row.scores]
         means[name] = math.fsum(found) / len(found)
     return means
 
 
-def failure_counts(rows: Sequence[Row]) -> dict[str, int]:
-    """How many rows failed, by failure kind, in order of first appearance."""
+def failure_counts(rows: Sequence[Row | Result]) -> dict[str, int]:
+    """How many rows (or Results) failed, by failure kind, in order of first appearance."""
     counts: dict[str, int] = {}
     for row in rows:
-        if row.failure:
-            counts[row.failure] = counts.get(row.failure, 0) + 1
+        if row.failure:  # "" / None when the call worked
+            kind = str(row.failure)
+            counts[kind] = counts.get(kind, 0) + 1
     return counts
 
 

@@ -112,3 +112,18 @@ def test_caps_add_a_stop_callback_beside_the_users(metrics_dir, lm):
     assert stoppers[0] is mine and stoppers[1](None) is False and optimizer.gepa_kwargs["use_cloudpickle"] is True
     plain = skynet_dspy.gepa(metrics_dir / "exact_match.py", reflection_lm=lm, max_metric_calls=50)
     assert "stop_callbacks" not in plain.gepa_kwargs  # no cap, nothing added
+
+
+def test_a_program_cap_is_in_force_during_compile_and_nowhere_else(metrics_dir):
+    with DevServer(scripted, model_name="gpt-4o-mini") as server:
+        lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=KEY, cache=False)
+        optimizer = skynet_dspy.gepa(metrics_dir / "exact_match.py", reflection_lm=lm, max_metric_calls=60,
+                                     num_threads=2, max_program_cost_usd=0)
+        metric = optimizer.skynet_metric
+        program = dspy.Predict("question -> answer")
+        with dspy.context(lm=lm):
+            optimizer.compile(program, trainset=examples()[:3], valset=examples()[3:])
+            asked_in_compile = len(server.requests)
+            answer = program(question="What is the capital of Peru?").answer  # after the run: not refused
+    assert metric.spend["max_program_cost_usd"].refused >= 3 and asked_in_compile == 0
+    assert answer == "Somewhere in Peru." and len(server.requests) == 1

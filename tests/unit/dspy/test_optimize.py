@@ -93,6 +93,9 @@ def test_a_loaded_metric_gets_the_reflection_model_when_it_has_none(metrics_dir)
     assert optimizer.skynet_metric is metric
     assert isinstance(optimizer.reflection_lm, dspy.LM) and optimizer.reflection_lm.model == "openai/gpt-4o"
     assert metric.models.reflection_lm.model == "openai/gpt-4o"
+    # a later gepa() with another reflection model takes llm() with it
+    again = skynet_dspy.gepa(metric, reflection_lm="openai/model-b", max_metric_calls=10)
+    assert again.reflection_lm.model == metric.models.reflection_lm.model == "openai/model-b"
 
 
 def test_a_loaded_metric_keeps_its_own_models(metrics_dir):

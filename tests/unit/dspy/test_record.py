@@ -3,6 +3,7 @@ read from its dspy.LM history or counted on gepa's LM, and a shared model told a
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import dspy
@@ -10,7 +11,8 @@ import pytest
 
 import skynet_dspy
 from skynet_dspy._core.types import Observation
-from skynet_dspy._dspy.record import CountingLM, Recorder, attach
+from skynet_dspy._dspy.record import CountingLM, Recorder
+from skynet_dspy.devserver import DevServer
 
 
 def _metric():
@@ -49,7 +51,7 @@ def test_a_model_shared_with_an_unmeasured_program_is_not_split_by_guesswork():
         lm.history.extend([_entry(0.1), _entry(0.1), _entry(0.1)])
     usage = recorder.record.reflection
     assert usage.calls is None and usage.cost_usd is None
-    assert "cannot be told apart: 3 calls and $0.300000 together" in usage.note
+    assert "cannot be told apart: 3 calls and $0.3 together" in usage.note
     assert recorder.record.program is None
 
 
@@ -91,10 +93,57 @@ def test_gepas_litellm_model_counts_its_calls(server):
     assert usage.cost_usd > 0 and usage.prompt_tokens > 0
 
 
-def test_a_record_goes_on_frozen_results_too():
-    from gepa.core.result import GEPAResult
+def test_the_record_of_a_plain_gepa_run_is_kept_beside_its_result_never_written_into_it():
+    import dataclasses
 
-    result = GEPAResult(candidates=[{"a": "x"}], parents=[[None]], val_aggregate_scores=[0.5], val_subscores=[{}],
-                        per_val_instance_best_candidates={}, discovery_eval_counts=[0])
-    marker = SimpleNamespace(seconds=1.0)
-    assert attach(result, marker).skynet_run is marker
+    data = [{"input": {"q": f"q{n}"}, "expected": {"want": "better"}} for n in range(2)]
+    result = skynet_dspy.optimize_anything(
+        "Say", lambda artifact, input: artifact,
+        lambda input, output, expected: (float(expected["want"] in output), {"feedback": "say better"}),
+        trainset=data, reflection_lm=lambda prompt: "```\nSay better\n```", max_metric_calls=20, parallel=False,
+        logger=QuietLogger(), isolation="thread",
+    )
+    assert "skynet_run" not in vars(result)  # GEPA's frozen GEPAResult is left as GEPA made it
+    receipt = skynet_dspy.report(result).receipt
+    assert receipt is not None and receipt.metric_calls > 0
+    assert skynet_dspy.report(dataclasses.replace(result)).receipt is None  # an equal result, not this run's
+
+
+def test_a_plain_gepa_reflection_model_without_a_price_costs_unknown_not_zero():
+    def reflect(request):
+        current = re.search(r"```\n(.*?)\n```", request.text, re.S).group(1)
+        return f"```\n{current} better\n```"
+
+    data = [{"input": {"q": f"q{n}"}, "expected": {"want": "better"}} for n in range(2)]
+    with DevServer(reflect) as server:  # answers as the model asked for, which LiteLLM has no price for
+        result = skynet_dspy.optimize_anything(
+            "Say", lambda artifact, input: artifact,
+            lambda input, output, expected: (float(expected["want"] in output), {"feedback": "say better"}),
+            trainset=data, reflection_lm={"model": "openai/house-model-without-a-price", "api_base": server.url,
+                                          "api_key": "local-test-key"},
+            max_metric_calls=20, parallel=False, logger=QuietLogger(), isolation="thread",
+        )
+        asked = len(server.requests)
+    receipt = skynet_dspy.report(result).receipt
+    assert receipt.reflection.calls == asked > 0 and receipt.reflection.prompt_tokens > 0
+    assert receipt.reflection.cost_usd is None and receipt.total_usd is None
+    assert "no price known for model openai/house-model-without-a-price" in receipt.reflection.note
+    assert any(note.startswith("reflection: no price known") for note in receipt.notes)
+    assert "cost unknown" in str(receipt)
+
+
+def test_a_model_litellm_prices_at_zero_costs_zero():
+    import litellm
+
+    litellm.register_model({"openai/free-house-model": {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
+                                                        "litellm_provider": "openai", "mode": "chat"}})
+    with DevServer(lambda request: "an answer") as server:  # answers as the model asked for
+        lm = CountingLM("openai/free-house-model", api_base=server.url, api_key="local-test-key")
+        with _metric() as metric, Recorder(metric, lm) as recorder:
+            lm("hello")
+    assert recorder.record.reflection.cost_usd == 0.0 and recorder.record.reflection.note is None
+
+
+class QuietLogger:
+    def log(self, message: str) -> None:
+        pass

@@ -32,8 +32,9 @@ def test_the_program_cap_refuses_the_programs_model_calls_once_reached(caplog):
         lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=KEY, cache=False)
         with skynet_dspy.load_metric(exact, max_program_cost_usd=limit) as metric, dspy.context(lm=lm):
             assert metric.measuring  # a program cap turns measurement on
-            result = dspy.Evaluate(devset=examples, metric=metric, num_threads=THREADS, display_progress=False,
-                                   max_errors=100)(dspy.Predict("question -> answer"))
+            with metric.capping():  # a hand-built dspy.Evaluate: its runs are capped inside the block
+                result = dspy.Evaluate(devset=examples, metric=metric, num_threads=THREADS, display_progress=False,
+                                       max_errors=100)(dspy.Predict("question -> answer"))
             spend = metric.spend["max_program_cost_usd"]
             stopped = metric.stop_callback(None)
         sent = len(server.requests)
@@ -46,18 +47,39 @@ def test_the_program_cap_refuses_the_programs_model_calls_once_reached(caplog):
     assert len(errors) == 1 and "the program's measured model spend" in errors[0]
 
 
-def test_a_closed_metric_no_longer_caps_the_program():
+def test_a_program_cap_governs_only_the_runs_of_its_own_metric():
+    examples = [dspy.Example(question=f"q{n}", answer="yes").with_inputs("question") for n in range(4)]
+    program = dspy.Predict("question -> answer")
     with DevServer(answering, model_name="gpt-4o-mini") as server:
         lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=KEY, cache=False)
-        metric = skynet_dspy.load_metric(exact, max_program_cost_usd=COST / 2)
-        program = dspy.Predict("question -> answer")
-        with dspy.context(lm=lm):
-            program(question="first")
-            assert metric.spend_cap_reached
-            with pytest.raises(skynet_dspy.SpendCapReached):
-                program(question="second")
-            metric.close()
-            assert program(question="third").answer == "yes"
+        with skynet_dspy.load_metric(exact, max_program_cost_usd=0) as spent, \
+                skynet_dspy.load_metric(exact, max_program_cost_usd=1.0) as other, dspy.context(lm=lm):
+            assert spent.spend_cap_reached
+            assert program(question="outside any optimization").answer == "yes"  # never refused
+            with other.capping():  # another metric's run: the first metric's cap is not in force
+                result = dspy.Evaluate(devset=examples, metric=other, num_threads=2, display_progress=False)(program)
+            with spent.capping(), pytest.raises(skynet_dspy.SpendCapReached):
+                program(question="inside the capped metric's run")
+            assert program(question="after it").answer == "yes"
+            figures = spent.spend["max_program_cost_usd"], other.spend["max_program_cost_usd"]
+        sent = len(server.requests)
+    assert result.score == 100.0 and sent == 1 + 4 + 1
+    assert (figures[0].spent_usd, figures[0].refused) == (0.0, 1)
+    assert figures[1].spent_usd == pytest.approx(4 * COST) and figures[1].refused == 0  # its own runs only
+
+
+def test_a_capped_metric_says_once_when_it_scores_runs_made_outside_its_optimization(caplog):
+    examples = [dspy.Example(question=f"q{n}", answer="yes").with_inputs("question") for n in range(3)]
+    with DevServer(answering, model_name="gpt-4o-mini") as server, \
+            caplog.at_level(logging.WARNING, logger="skynet_dspy"):
+        lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=KEY, cache=False)
+        with skynet_dspy.load_metric(exact, max_program_cost_usd=COST / 2) as metric, dspy.context(lm=lm):
+            result = dspy.Evaluate(devset=examples, metric=metric, display_progress=False)(
+                dspy.Predict("question -> answer"))
+            spend = metric.spend["max_program_cost_usd"]
+    assert result.score == 100.0 and spend.spent_usd == 0.0 and spend.refused == 0  # not capped, not counted
+    warnings = [r.getMessage() for r in caplog.records if "made outside its optimization" in r.getMessage()]
+    assert len(warnings) == 1 and "with metric.capping():" in warnings[0]
 
 
 def test_a_program_cap_needs_measurement(metrics_dir):

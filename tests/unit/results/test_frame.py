@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
 import sys
 
 import dspy
@@ -139,3 +141,30 @@ def test_without_pandas_the_error_names_the_extra(monkeypatch, evaluation):
     with pytest.raises(MissingExtra, match=r"pandas.*skynet-dspy\[report\]") as raised:
         skynet_dspy.results_frame(evaluation)
     assert isinstance(raised.value, ImportError)
+
+
+class Reasoned(dspy.Module):
+    """A program with no model whose prediction has a field the metric is not shown."""
+
+    def forward(self, question):
+        return dspy.Prediction(answer=question.upper(), reasoning_notes=f"thought about {question}")
+
+
+def test_the_output_column_is_what_the_metric_was_given_by_output_fields_and_to_output():
+    devset = [dspy.Example(question=q, answer=q.upper()).with_inputs("question") for q in ("ab", "cd")]
+    exact = lambda input, output, expected: (float(output == expected["answer"]), {"feedback": "compared"})  # noqa: E731
+    with skynet_dspy.load_metric(exact, output_fields="answer", isolation="thread") as metric:
+        evaluation = dspy.Evaluate(devset=devset, metric=metric, display_progress=False)(Reasoned())
+        example, prediction, score = evaluation.results[0]
+        again = metric(example, prediction)  # answered from the memo
+    assert skynet_dspy.results_frame(evaluation)["output"].tolist() == ["AB", "CD"]  # not the {answer, notes} dict
+    assert score.output == again.output == copy.copy(score).output == pickle.loads(pickle.dumps(score)).output == "AB"
+    assert "output" not in score.keys() and metric.stats["memo_hits"] == 1  # never a field DSPy reads
+    with pytest.raises(AttributeError):
+        score.output = "changed"
+    shown = lambda prediction: {"upper": prediction.answer, "length": len(prediction.answer)}  # noqa: E731
+    with skynet_dspy.load_metric(lambda input, output: (1.0, {"feedback": "ok"}), to_output=shown) as metric:
+        evaluation = dspy.Evaluate(devset=devset, metric=metric, display_progress=False)(Reasoned())
+    frame = skynet_dspy.results_frame(evaluation)
+    assert frame["output.upper"].tolist() == ["AB", "CD"] and frame["output.length"].tolist() == [2, 2]
+    assert "output.reasoning_notes" not in frame.columns

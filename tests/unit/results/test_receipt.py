@@ -1,0 +1,35 @@
+"""The cost receipt's dollar figures: read at LLM scale (the formatter the reward explanation uses too), unknown
+never shown as $0."""
+
+from __future__ import annotations
+
+import skynet_dspy
+from skynet_dspy._core.types import JudgeUsage, ProgramUsage
+from skynet_dspy._dspy.record import ReflectionUsage, RunRecord
+
+
+def test_receipt_dollars_read_at_llm_scale():
+    record = RunRecord(
+        metric="m", started_at=0.0, seconds=1.0,
+        judge=JudgeUsage(calls=2, cache_hits=0, prompt_tokens=10, completion_tokens=5, cost_usd=0.0, seconds=0.1,
+                         errors=0),
+        program=ProgramUsage(runs=3, model_calls=3, prompt_tokens=30, completion_tokens=9, cost_usd=0.00027,
+                             unpriced=0, run_ms=12.0, unmeasured=0),
+        reflection=ReflectionUsage(1, 0, 100, 20, None, "no price known for model m"),
+    )
+    lines = dict(skynet_dspy.CostReceipt.from_record(record).lines())
+    assert lines["program"].split(", ")[3] == "$0.00027"
+    assert lines["judge"].split(", ")[3] == "$0"
+    assert lines["reflection"].endswith("cost unknown")
+    assert lines["total"] == "at least $0.00027 (some costs unknown)"
+
+
+def test_token_counts_are_read_one_way_from_any_usage_record():
+    from types import SimpleNamespace
+
+    from skynet_dspy._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
+
+    assert token_count({"prompt_tokens": None, "input_tokens": 12}, PROMPT_TOKENS) == 12
+    assert token_count(SimpleNamespace(completion_tokens="n/a", output_tokens=7.0), COMPLETION_TOKENS) == 7
+    assert token_count({"prompt_tokens": -3}, PROMPT_TOKENS) == 0 and token_count(None, PROMPT_TOKENS) == 0
+    assert token_count({"prompt_tokens": True}, PROMPT_TOKENS) == 0

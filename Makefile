@@ -1,31 +1,39 @@
 # The two commands of the README: `make demo` runs the main job, `make test` the tests.
-# Each creates .venv and installs from nothing when needed.
+# Each creates .venv and installs what it needs from nothing (the demo: the package; the tests: every extra).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+DEV := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "skynet-dspy needs Python 3.11 or newer: run PYTHON=python3.11 make ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(BASE): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(BASE)
+
+$(DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(DEV) $(BASE)
+
+demo: $(BASE)
 	$(BIN)/python -m examples.demo
 
-test: $(STAMP)
+test: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n auto
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python -m benchmarks.run
 
 clean:

@@ -11,10 +11,11 @@ imported on first use of its name.
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 import os as _os
 import sys as _sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any as _Any
 
 # LiteLLM fetches its price list from the internet at import and retries for seconds when offline; the
 # bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (see the README):
@@ -26,6 +27,7 @@ from ._core.contract import validate_return  # noqa: E402
 from ._core.types import Failure, JudgeUsage, Observation, ProgramUsage, Result  # noqa: E402
 from .errors import (  # noqa: E402
     ContractViolation,
+    DataError,
     LLMCallError,
     MetricLoadError,
     MissingExtra,
@@ -70,17 +72,18 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (the lazy ones included), so dir() and completion show the API, not the machinery."""
+    return sorted({*__all__, "__version__"})
 
 
 __all__ = [
@@ -88,6 +91,7 @@ __all__ = [
     "ContractReport",
     "ContractViolation",
     "CostReceipt",
+    "DataError",
     "Failure",
     "JudgeUsage",
     "LLMCallError",

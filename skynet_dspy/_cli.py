@@ -64,36 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Run METRIC.py on the first cases of CASES.jsonl (3 by default) and report, item by item, "
         "whether it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad arguments.",
     )
-    check.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
-    check.add_argument(
-        "--data", type=Path, required=True, metavar="CASES.jsonl",
-        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", the expected '
-        "values are scored as the output. Flat rows ({\"ticket\": ..., \"label\": ...}) with --inputs",
-    )
-    check.add_argument(
-        "--inputs", type=_names, default=None, metavar="NAME[,NAME...]",
-        help="read flat rows: these keys are the input fields, every other key an expected value",
-    )
+    _add_metric_arguments(check, "CASES.jsonl")
     how_many = check.add_mutually_exclusive_group()
     how_many.add_argument("--cases", type=_count, default=3, metavar="N", help="check the first N cases (default 3)")
     how_many.add_argument("--all", action="store_true", help="check every case")
-    check.add_argument(
-        "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
-        help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
-    )
-    check.add_argument(
-        "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
-        help="the fields a program's output holds (some may have no expected value, e.g. a confidence)",
-    )
-    check.add_argument(
-        "--metric-lm", default=None, metavar="MODEL",
-        help="the model llm() calls, any LiteLLM model string (its key from the environment, as LiteLLM reads it)",
-    )
-    check.add_argument("--api-base", default=None, metavar="URL", help="an OpenAI-compatible base URL for --metric-lm")
-    check.add_argument(
-        "--isolation", choices=("process", "thread"), default="process",
-        help="where score runs: worker processes (default) or threads of this process",
-    )
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
     _score_parser(commands)
     return parser
@@ -118,33 +92,47 @@ def _score_parser(commands: Any) -> None:
         "scores, feedback, failure). Exit code: 0 every call worked, 1 some failed (the summary on stderr says how "
         "many and of which kind) or the metric does not load, 2 bad arguments or unreadable files.",
     )
-    score.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
-    score.add_argument(
-        "--data", type=Path, required=True, metavar="OUTPUTS.jsonl",
-        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}, as for check; flat rows with '
-        "--inputs",
-    )
+    _add_metric_arguments(score, "OUTPUTS.jsonl")
     score.add_argument(
         "--out", type=Path, default=None, metavar="results.csv|results.jsonl",
         help="where to write the rows (.csv or .jsonl); without it, JSONL rows on standard output",
     )
     score.add_argument("--threads", type=_threads, default=4, metavar="N",
                        help="calls of score made at a time (default 4; each thread gets a worker process)")
-    score.add_argument(
+
+
+def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
+    """The arguments check and score share: the metric file, the cases (`data` names them), and load_metric's
+    options (read back by _metric_options)."""
+    command.add_argument("metric", type=Path, metavar="METRIC.py", help="the metric file, defining score()")
+    command.add_argument(
+        "--data", type=Path, required=True, metavar=data,
+        help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", the expected '
+        "values are scored as the output. Flat rows ({\"ticket\": ..., \"label\": ...}) with --inputs",
+    )
+    command.add_argument(
         "--inputs", type=_names, default=None, metavar="NAME[,NAME...]",
         help="read flat rows: these keys are the input fields, every other key an expected value",
     )
-    score.add_argument(
+    command.add_argument(
         "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
         help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
     )
-    score.add_argument("--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
-                       help="the output fields, for cases that give no output (their expected values are scored)")
-    score.add_argument("--metric-lm", default=None, metavar="MODEL",
-                       help="the model llm() calls, any LiteLLM model string (its key from the environment)")
-    score.add_argument("--api-base", default=None, metavar="URL", help="an OpenAI-compatible base URL for --metric-lm")
-    score.add_argument("--isolation", choices=("process", "thread"), default="process",
-                       help="where score runs: worker processes (default) or threads of this process")
+    command.add_argument(
+        "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
+        help="the fields a program's output holds (some may have no expected value, e.g. a confidence); a case "
+        "without an output is scored on its expected values of these fields",
+    )
+    command.add_argument(
+        "--metric-lm", default=None, metavar="MODEL",
+        help="the model llm() calls, any LiteLLM model string (its key from the environment, as LiteLLM reads it)",
+    )
+    command.add_argument("--api-base", default=None, metavar="URL",
+                         help="an OpenAI-compatible base URL for --metric-lm")
+    command.add_argument(
+        "--isolation", choices=("process", "thread"), default="process",
+        help="where score runs: worker processes (default) or threads of this process",
+    )
 
 
 def _check(args: argparse.Namespace) -> int:

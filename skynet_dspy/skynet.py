@@ -11,16 +11,11 @@ from typing import Any
 
 from ._core import context
 from ._core import reward as _reward
-from ._core.errors import LLMCallError, ModelNotConfigured, SpendCapReached
-from ._core.types import Failure, Observation
+from ._core.errors import ModelNotConfigured, judge_failure
+from ._core.types import Observation
+from ._core.values import check_llm_arguments
 
 __all__ = ["llm", "reward", "observation", "service_cost", "Observation"]
-
-_PROBLEMS: tuple[tuple[type[Exception], Failure], ...] = (
-    (ModelNotConfigured, Failure.JUDGE_NOT_CONFIGURED),
-    (SpendCapReached, Failure.SPEND_CAP),
-    (LLMCallError, Failure.JUDGE_ERROR),
-)
 
 
 def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
@@ -31,13 +26,10 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
     (temperature, max_tokens, ...). Raises ModelNotConfigured when no model is set, LLMCallError
     when the model cannot answer.
     """
-    if not isinstance(instructions, str):
-        raise TypeError(f"llm() instructions must be a str, got {type(instructions).__name__}")
-    if input is not None and not isinstance(input, str):
-        raise TypeError(
-            f"llm() input must be a str or None, got {type(input).__name__}; format it first, e.g. json.dumps(...)"
-        )
+    check_llm_arguments(instructions, input, settings)
     call = context.current_or_none()
+    if call is None and context.several_in_progress():
+        raise ModelNotConfigured(f"skynet.llm() {context.SEVERAL_CALLS}.")
     handler = call.llm if call is not None else context.default_llm()
     if handler is None:
         raise ModelNotConfigured(
@@ -48,11 +40,9 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
     try:
         return handler(instructions, input, settings)
     except Exception as exc:
-        if call is not None:
-            for kind_of_error, kind in _PROBLEMS:
-                if isinstance(exc, kind_of_error):
-                    call.note_judge_problem(kind, str(exc))
-                    break
+        kind = judge_failure(exc)
+        if call is not None and kind is not None:
+            call.note_judge_problem(kind, str(exc))
         raise
 
 

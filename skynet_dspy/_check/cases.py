@@ -15,16 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._core.errors import DataError
 from .._core.values import shorten
 
 CASES_CHECKED = 3
 CASE_KEYS = ("input", "output", "expected")
 MAX_DATA_BYTES = 512 * 2**20  # a data file larger than this is refused (an endless file, a device)
 MAX_DEPTH = 100  # levels of lists and dicts a case may nest: deeper data would overflow Python's stack later
-
-
-class DataError(ValueError):
-    """A case or a data file that cannot be used; the message says where and why."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ def return_value(calls: list[Call]) -> CheckItem:
         more = f" ({failed} of {len(calls)} calls failed)" if failed > 1 else ""
         advice = ""
         if first.result.failure is Failure.JUDGE_NOT_CONFIGURED:
-            advice = " To check a metric that calls llm(), give it a model: --metric-lm MODEL (and --api-base URL)"
+            advice = (" To check a metric that calls llm(), give it a model: metric_lm= in Python, or "
+                      "--metric-lm MODEL (and --api-base URL) on the command line")
         return CheckItem(name, Status.FAILED, f"{first.label}: {first.problem.rstrip('.')}.{more}{advice}")
     valid = [call for call in calls if call.result.ok]
     if not valid:

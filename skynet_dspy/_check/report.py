@@ -127,9 +127,10 @@ class ContractReport:
     def heading(self) -> str:
         count = len(self.cases)
         ran = f" on {count} case{'s' if count != 1 else ''}" if count else ""
-        skipped = f" ({self.not_run} more case{'s' if self.not_run != 1 else ''} not run; --all runs every case)" if (
-            self.not_run
-        ) else ""
+        skipped = (
+            f" ({self.not_run} more case{'s' if self.not_run != 1 else ''} not run; "
+            "max_cases=None / --all runs every case)"  # a report built from Python or from the command line
+        ) if self.not_run else ""
         return f"Contract check of {self.metric}{ran}{skipped}"
 
     def __str__(self) -> str:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from .context import LLMHandler, MetricCall, calling
 from .contract import CUT_MARGIN, check_return
-from .errors import ContractViolation, LLMCallError, ModelNotConfigured, SpendCapReached
+from .errors import ContractViolation, judge_failure
 from .loading import LoadedMetric, signature_hint
 from .types import Failure, Observation, Outcome
 from .values import clip_words, exception_text
@@ -38,12 +39,6 @@ class CallRequest:
     observation: Observation | None = None
     unmeasured_reason: str | None = None
 
-
-_JUDGE_KINDS: tuple[tuple[type[BaseException], Failure], ...] = (
-    (ModelNotConfigured, Failure.JUDGE_NOT_CONFIGURED),
-    (SpendCapReached, Failure.SPEND_CAP),
-    (LLMCallError, Failure.JUDGE_ERROR),
-)
 
 
 def run_call(
@@ -103,10 +98,7 @@ def _with_judge(outcome: Outcome, call: MetricCall) -> Outcome:
 
 def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call: MetricCall) -> Outcome:
     """The Outcome of a score that raised: the kind, the exception type, and the full story for the user."""
-    kind = Failure.EXCEPTION
-    for exc_type, judge_kind in _JUDGE_KINDS:
-        if isinstance(exc, exc_type):
-            kind = judge_kind
+    kind = judge_failure(exc) or Failure.EXCEPTION
     if call.judge_problems and kind is Failure.EXCEPTION:  # the metric wrapped the judge's error in its own
         kind = call.judge_problems[0][0]
     text = exception_text(exc)
@@ -115,7 +107,22 @@ def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call
     hint = _hint(exc, text, loaded, request)
     if hint:
         detail += f". {hint}"
-    return _with_judge(Outcome(failure=kind, error_type=type(exc).__name__, detail=detail), call)
+    return _with_judge(Outcome(failure=kind, error_type=type_name(exc), detail=detail), call)
+
+
+def type_name(exc: BaseException) -> str | None:
+    """The exception's class name when code names it (a builtin, or a class a module or a function defines), else
+    None. A class made at run time with type() may be named from the metric's values, and the name reaches
+    the optimizer (SPEC §2)."""
+    cls = type(exc)
+    name = cls.__name__
+    qualname = getattr(cls, "__qualname__", name)
+    if cls.__module__ == "builtins" or "<locals>" in qualname:
+        return name
+    found: Any = sys.modules.get(cls.__module__)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return name if found is cls else None
 
 
 def raised_at(exc: BaseException, loaded: LoadedMetric) -> str | None:

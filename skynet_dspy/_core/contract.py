@@ -15,7 +15,7 @@ from typing import Any
 from . import secrets
 from .errors import ContractViolation
 from .types import Result
-from .values import a_type, as_number, shorten
+from .values import a_type, as_number, seconds, shorten, whole_number
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 600.0
@@ -88,6 +88,7 @@ def validate_return(value: Any, *, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT)
     Raises ContractViolation (a ValueError) naming the broken rule. The feedback is redacted and cut
     to `feedback_limit` characters with a note saying so.
     """
+    feedback_limit = check_feedback_limit(feedback_limit)
     result = check_return(value, feedback_limit + CUT_MARGIN)
     return finish_feedback(result, feedback_limit)
 
@@ -206,13 +207,9 @@ def was_cut(feedback: str) -> bool:
 
 def check_timeout(timeout: Any) -> float:
     """The metric timeout in seconds, when it lies in (0, 600]; a clear ValueError otherwise."""
-    from .values import seconds
-
     return seconds("timeout", timeout, maximum=MAX_TIMEOUT, default=DEFAULT_TIMEOUT)
 
 
 def check_feedback_limit(limit: Any) -> int:
     """The feedback limit in characters, an int of at least 100; a clear ValueError otherwise."""
-    from .values import whole_number
-
     return whole_number("feedback_limit", limit, minimum=MIN_FEEDBACK_LIMIT, unit="characters")

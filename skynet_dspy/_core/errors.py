@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from .secrets import redact
-from .types import Item
+from .types import Failure, Item
 
 __all__ = [
     "ContractViolation",
+    "DataError",
     "LLMCallError",
     "MetricLoadError",
     "MissingExtra",
@@ -90,5 +91,40 @@ class WorkerError(SkynetDspyError, RuntimeError):
     """The metric's worker processes could not be started or could not run the metric."""
 
 
+class DataError(SkynetDspyError, ValueError):
+    """A case or a data file that cannot be used; the message says where and why."""
+
+
 class MissingExtra(SkynetDspyError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+# -- judge errors, as failure kinds ---------------------------------------------------------------
+
+NO_JUDGE_MODEL = (
+    "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "
+    "skynet_dspy.load_metric(..., metric_lm='openai/gpt-4o-mini') (or reflection_lm=lm), or build the optimizer "
+    "with skynet_dspy.gepa(metric, reflection_lm=lm), which routes llm() to the reflection model; to try a metric "
+    "by hand, skynet_dspy.configure_llm(metric_lm=...). A model is a LiteLLM model string, a dict "
+    "{'model': ..., 'api_base': ..., 'api_key': ...} or a dspy.LM."
+)
+
+
+def judge_failure(exc: BaseException) -> Failure | None:
+    """The failure kind of an error llm() raised (no model, a spending cap, a failed call), or None for others."""
+    if isinstance(exc, ModelNotConfigured):
+        return Failure.JUDGE_NOT_CONFIGURED
+    if isinstance(exc, SpendCapReached):
+        return Failure.SPEND_CAP
+    if isinstance(exc, LLMCallError):
+        return Failure.JUDGE_ERROR
+    return None
+
+
+def judge_error(kind: Failure, message: str, status: int | None = None, refused: bool = False) -> SkynetDspyError:
+    """The error llm() raises for a judge failure of `kind` (how a worker process rebuilds the user's answer)."""
+    if kind is Failure.JUDGE_NOT_CONFIGURED:
+        return ModelNotConfigured(message)
+    if kind is Failure.SPEND_CAP:
+        return SpendCapReached(message)
+    return LLMCallError(message, status, refused=refused)

@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import MetricLoadError
 from .types import Item, MetricInfo
-from .values import a_type
+from .values import a_type, identifier
 
 _module_numbers = itertools.count(1)
 _SCORE_EXAMPLE = "def score(input, output, expected=None):"
@@ -83,7 +83,7 @@ def load(source: Any) -> LoadedMetric:
         owner = inspect.getmodule(source)
         spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
         file = _code_file(source)
-        return LoadedMetric(source, _takes_expected(source, label), _identifier(name), spec, owner, label, file)
+        return LoadedMetric(source, _takes_expected(source, label), identifier(name), spec, owner, label, file)
     raise TypeError(
         "load_metric() takes a path to metric.py, an imported module, or a score function; "
         f"got {type(source).__name__}"
@@ -109,7 +109,7 @@ def _from_module(module: ModuleType, label: str, stem: str) -> LoadedMetric:
         )
     spec = getattr(module, "REWARD_SPEC", None)
     file = getattr(module, "__file__", None)
-    return LoadedMetric(score, _takes_expected(score, name), _identifier(stem), spec, module, label, file)
+    return LoadedMetric(score, _takes_expected(score, name), identifier(stem), spec, module, label, file)
 
 
 def load_file(path: Path) -> ModuleType:
@@ -137,7 +137,7 @@ def load_file(path: Path) -> ModuleType:
 
     register_skynet()
     number = next(_module_numbers)
-    module_name = f"skynet_metric_{number}_{_identifier(path.stem)}"
+    module_name = f"skynet_metric_{number}_{identifier(path.stem)}"
     siblings = _Siblings(f"skynet_metric_{number}__beside", path.resolve().parent)
     module = ModuleType(module_name)
     module.__file__ = str(path)
@@ -252,10 +252,6 @@ def _remember_source(path: Path, source: bytes) -> None:
     except (SyntaxError, UnicodeDecodeError):
         return
     linecache.cache[str(path)] = (len(source), None, lines, str(path))
-
-
-def _identifier(stem: str) -> str:
-    return "".join(char if char.isalnum() else "_" for char in stem)
 
 
 def _syntax_message(path: Path, exc: SyntaxError) -> str:

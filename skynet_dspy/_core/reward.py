@@ -6,7 +6,7 @@ from typing import Any
 
 from .errors import RewardSpecError
 from .types import Observation
-from .values import as_number, shorten
+from .values import as_number, shorten, usd
 
 COMPONENTS = ("accuracy", "speed", "cost")
 
@@ -67,15 +67,6 @@ def falloff(reference: float, value: float) -> float:
     return reference / (reference + max(0.0, value))
 
 
-def _usd(amount: float) -> str:
-    """A dollar amount readable at LLM scale: $0.01235, $0.00027, $3.2e-08."""
-    if amount == 0 or amount >= 0.01:
-        return f"${amount:.4g}" if amount < 1000 else f"${amount:,.2f}"
-    if amount >= 1e-6:
-        return f"${amount:.6f}".rstrip("0")
-    return f"${amount:.1e}"
-
-
 def compute(
     spec: dict,
     accuracy: float,
@@ -119,7 +110,7 @@ def compute(
         lines.append(f"cost 0.00 (cost not measured: {why or 'no model cost was recorded'})")
     else:
         cost_part = falloff(cost_reference, cost)
-        lines.append(f"cost {cost_part:.2f} ({_usd(cost)} vs reference {_usd(cost_reference)})")
+        lines.append(f"cost {cost_part:.2f} ({usd(cost)} vs reference {usd(cost_reference)})")
 
     parts = {"accuracy": accuracy_part, "speed": speed_part, "cost": cost_part}
     total = sum(weights[name] * parts[name] for name in COMPONENTS)

@@ -17,7 +17,8 @@ from . import secrets
 from .call import CallRequest
 from .context import LLMHandler, default_llm
 from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_feedback
-from .errors import ModelNotConfigured
+from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
+from .isolation import Executor
 from .isolation.process import ProcessExecutor
 from .isolation.thread import ThreadExecutor
 from .loading import load
@@ -28,7 +29,7 @@ from .values import finite_number, whole_number
 
 ISOLATIONS = ("process", "thread")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
-_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.SPEND_CAP})
+_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR})
 
 
 def neutral_feedback(outcome: Outcome, timeout: float) -> str:
@@ -95,7 +96,7 @@ class Scorer:
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
         if isolation == "process":
-            self.executor: ProcessExecutor | ThreadExecutor = ProcessExecutor(
+            self.executor: Executor = ProcessExecutor(
                 source, self.timeout, self.feedback_limit, workers
             )
         else:
@@ -108,11 +109,14 @@ class Scorer:
         self._logged: set[str] = set()
         self._streak = 0  # failed calls in a row
         self._program = ProgramUsage()  # the measured runs of the calls made, added up
+        self.closed = False
 
     # -- scoring -------------------------------------------------------------------------------
 
     def score(self, request: CallRequest) -> Result:
         """Run one call and give its Result: the metric's own on success, the failure score otherwise."""
+        if self.closed:  # the caller's mistake, not the metric's: an error, never a failure scored as the metric's
+            raise WorkerError(f"the metric {self.info.label} was closed; load it again to score more")
         outcome = self.executor.run(request, self.llm or _default_handler)
         with self._lock:
             self._counts["calls"] += 1
@@ -198,7 +202,8 @@ class Scorer:
         return base | {str(key): value for key, value in counts.items()}
 
     def close(self) -> None:
-        """Stop the metric's worker processes (a new call after this fails)."""
+        """Stop the metric's worker processes; a call after this raises WorkerError."""
+        self.closed = True
         self.executor.close()
 
 
@@ -210,12 +215,7 @@ def _observed(result: Result, observation: Observation | None) -> Result:
 def _default_handler(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
     handler = default_llm()
     if handler is None:
-        raise ModelNotConfigured(
-            "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "
-            "skynet_dspy.load_metric(..., metric_lm='openai/gpt-4o-mini') (or reflection_lm=...), or build the "
-            "optimizer with skynet_dspy.gepa(metric, reflection_lm=...), which also routes llm() to the "
-            "reflection model"
-        )
+        raise ModelNotConfigured(NO_JUDGE_MODEL)
     return handler(instructions, input, settings)
 
 

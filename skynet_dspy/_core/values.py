@@ -133,11 +133,70 @@ def exception_text(exc: BaseException) -> str:
     return secrets.redact(f"{name}: {message}" if message else name)
 
 
+def identifier(text: str) -> str:
+    """`text` as a Python identifier: 'my-metric' -> 'my_metric', '2024' -> 'metric_2024' (metric and column names)."""
+    import keyword
+
+    name = "".join(char if char.isalnum() or char == "_" else "_" for char in str(text)) or "metric"
+    if name[0].isdigit() or keyword.iskeyword(name):
+        name = f"metric_{name}"
+    return name
+
+
 def content_text(content: Any) -> str:
     """The text of a chat message's content: a str, or a list of content parts ({"type": "text", "text": ...})."""
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
+
+
+def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any]) -> None:
+    """The TypeError for llm() called with something it cannot send (in the metric, and again in the judge)."""
+    if not isinstance(instructions, str):
+        raise TypeError(f"llm() instructions must be a str, got {type(instructions).__name__}")
+    if input is not None and not isinstance(input, str):
+        raise TypeError(
+            f"llm() input must be a str or None, got {type(input).__name__}; format it first, e.g. json.dumps(...)"
+        )
+    refused = sorted({"messages", "stream"} & settings.keys())
+    if refused:
+        raise TypeError(f"llm() does not take {', '.join(refused)}: it sends one request and returns its text")
+
+
+PROMPT_TOKENS = ("prompt_tokens", "input_tokens")  # the names a model's usage record gives its prompt tokens
+COMPLETION_TOKENS = ("completion_tokens", "output_tokens")  # ... and its completion tokens
+
+
+def token_count(usage: Any, names: Iterable[str]) -> int:
+    """A token count from a model's usage record (a dict or an object, of any library): the first of `names`
+    holding a whole number, at least 0; 0 when none does. Never raises."""
+    for name in names:
+        try:
+            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            if value is None or isinstance(value, bool):
+                continue
+            return max(0, int(value))
+        except Exception:  # not a number (or an object whose attribute raises): the next name
+            continue
+    return 0
+
+
+def usd(amount: float | None) -> str:
+    """A dollar amount readable at LLM scale, 4 significant digits: $0.01235, $0.00027, $3.2e-08, $12.35;
+    None is "cost unknown"."""
+    if amount is None:
+        return "cost unknown"
+    if not math.isfinite(amount):
+        return f"${amount}"
+    sign, amount = ("-" if amount < 0 else ""), abs(amount)
+    if amount == 0:
+        return "$0"
+    if amount >= 1:
+        return f"{sign}${amount:,.2f}"
+    if amount < 1e-6:
+        return f"{sign}${amount:.1e}"
+    decimals = 3 - math.floor(math.log10(amount))
+    return f"{sign}${amount:.{decimals}f}".rstrip("0").rstrip(".")
 
 
 # -- option values --------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Every use of DSPy's or LiteLLM's private API in the package, in one place.
+"""Every use of DSPy's, LiteLLM's or GEPA's private API in the package, in one place.
 
-Only measurement (reward(), observation(), service_cost()) needs them, and only for a metric that
+Measurement (reward(), observation(), service_cost()) needs most of them, and only for a metric that
 uses those helpers: a program run is timed around dspy.Module's call, and its model calls are counted
-where they execute. Each hook names the version it was checked against; `problems()` says, in words, which
-of them an installed DSPy or LiteLLM no longer offers (tests/unit/dspy/test_hooks.py fails on it).
+where they execute. The optimization report reads a dspy.LM's history; plain GEPA keeps results that were
+never run out of GEPA's cache. The one LiteLLM field the judge reads is in _judge/litellm_private.py (the
+judge layer cannot import this module). Each hook names the version it was checked against; `problems()`
+says, in words, which of them an installed DSPy, LiteLLM or GEPA no longer offers, those of
+_judge/litellm_private.py included (tests/unit/dspy/test_hooks.py fails on it).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 DSPY_CHECKED = "3.4.1"
 LITELLM_CHECKED = "1.110.2"
+GEPA_CHECKED = "0.1.4"
 
 # The LiteLLM entry points a program may call directly (plain GEPA's run(), a custom DSPy engine).
 LITELLM_SYNC = ("completion", "text_completion", "responses")
@@ -182,6 +186,21 @@ def history_entry_figures(entry: Any) -> dict[str, Any]:
     }
 
 
+# -- GEPA's optimize_anything adapter (checked against gepa 0.1.4) -----------------------------------
+
+# The side-info key GEPA's own adapter sets on results it must not keep in its evaluation cache.
+_NOT_CACHED_KEY = "_gepa_transient_failure"
+
+
+def keep_out_of_gepas_cache(side_info: dict[str, Any]) -> dict[str, Any]:
+    """`side_info` marked so GEPA's evaluation cache does not keep the result (a call that was never run).
+
+    Private: gepa 0.1.4's OptimizeAnythingAdapter skips caching results whose side info holds
+    "_gepa_transient_failure" (set by GEPA itself for a batch that raised); there is no public way.
+    """
+    return {**side_info, _NOT_CACHED_KEY: True}
+
+
 # -- what an upgrade broke ----------------------------------------------------------------------------
 
 
@@ -240,7 +259,26 @@ def problems() -> list[str]:
                 found.append(f"wrap_litellm: {litellm_where}: litellm.{name} is gone")
     except ImportError as exc:
         found.append(f"wrap_litellm: litellm cannot be imported ({exc})")
+    found.extend(_gepa_problems())
+    from .._judge import litellm_private
+
+    found.extend(litellm_private.problems())
     return found
+
+
+def _gepa_problems() -> list[str]:
+    import inspect
+
+    where = f"gepa {_version('gepa')} (hooks checked against {GEPA_CHECKED})"
+    try:
+        from gepa.adapters.optimize_anything_adapter import optimize_anything_adapter as adapter
+
+        source = inspect.getsource(adapter)
+    except (ImportError, OSError, TypeError) as exc:
+        return [f"keep_out_of_gepas_cache: {where}: the optimize_anything adapter's source cannot be read ({exc})"]
+    if _NOT_CACHED_KEY not in source:
+        return [f"keep_out_of_gepas_cache: {where}: the adapter no longer reads {_NOT_CACHED_KEY!r}"]
+    return []
 
 
 def _version(distribution: str) -> str:

@@ -7,64 +7,47 @@ judge used. LiteLLM is imported when a model is set, so `import skynet_dspy` sta
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any
 
 from .._core import context, secrets
+from .._core.errors import NO_JUDGE_MODEL
 from .._core.logs import logger
 from .._core.types import JudgeUsage
-from .._core.values import clip_words, content_text, seconds, whole_number
+from .._core.values import (
+    COMPLETION_TOKENS,
+    PROMPT_TOKENS,
+    check_llm_arguments,
+    clip_words,
+    content_text,
+    seconds,
+    token_count,
+    unknown_option,
+    whole_number,
+)
 from ..errors import LLMCallError, ModelNotConfigured
 from . import retry
 from .cache import AnswerCache, make_cache
 from .endpoints import Endpoint, endpoint
 from .entries import request_key
+from .litellm_private import response_cost
 from .spend import SpendCap
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds per HTTP request to the judge model
 DEFAULT_MAX_RETRIES = 4  # retries after the first attempt, on 408 / 429 / 5xx / connection errors
 DEFAULT_RETRY_BASE_DELAY = 1.0  # seconds; doubled on every retry
-_REFUSED_OVERRIDES = frozenset({"messages", "stream"})
 
 _sleep = time.sleep  # tests replace this to record the backoff without waiting
 
-NOT_CONFIGURED = (
-    "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "
-    "skynet_dspy.load_metric(..., metric_lm='openai/gpt-4o-mini') (or reflection_lm=lm), or build the optimizer "
-    "with skynet_dspy.gepa(metric, reflection_lm=lm), which routes llm() to the reflection model; to try a metric "
-    "by hand, skynet_dspy.configure_llm(metric_lm=...). A model is a LiteLLM model string, a dict "
-    "{'model': ..., 'api_base': ..., 'api_key': ...} or a dspy.LM."
-)
+NOT_CONFIGURED = NO_JUDGE_MODEL  # what llm() says with no model to call
 
 
 def response_usage(response: Any) -> tuple[int, int, float | None]:
     """(prompt tokens, completion tokens, USD cost or None when unpriced) of one LiteLLM response."""
     usage = getattr(response, "usage", None)
-    hidden = getattr(response, "_hidden_params", None)
-    cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
-    try:
-        cost = None if cost is None else float(cost)
-    except (TypeError, ValueError):
-        cost = None
-    return _count(_field(usage, "prompt_tokens", "input_tokens")), _count(
-        _field(usage, "completion_tokens", "output_tokens")
-    ), cost
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
-        return 0
-
-
-def _field(container: Any, *names: str) -> Any:
-    for name in names:
-        value = container.get(name) if isinstance(container, dict) else getattr(container, name, None)
-        if value is not None:
-            return value
-    return None
+    return token_count(usage, PROMPT_TOKENS), token_count(usage, COMPLETION_TOKENS), response_cost(response)
 
 
 class Judge:
@@ -156,13 +139,7 @@ class Judge:
         Without `input`, `instructions` is the only (user) message. `overrides` are LiteLLM settings
         for this call. Identical requests are answered from the cache, and sent once when made at once.
         """
-        if not isinstance(instructions, str):
-            raise TypeError(f"llm() instructions must be a str, got {type(instructions).__name__}")
-        if input is not None and not isinstance(input, str):
-            raise TypeError(f"llm() input must be a str or None, got {type(input).__name__}")
-        refused = sorted(_REFUSED_OVERRIDES & overrides.keys())
-        if refused:
-            raise TypeError(f"llm() does not take {', '.join(refused)}: it sends one request and returns its text")
+        check_llm_arguments(instructions, input, overrides)
         target = self._route()
         assert target is not None
         if input is None:
@@ -191,8 +168,7 @@ class Judge:
                         self._hits += 1
                     return text
                 text = self._send(target, request)
-                if text:  # an empty answer is not kept: the next identical call asks again
-                    self.cache.put(key, text, request)
+                self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
                 return text
             finally:
                 if shared is not None:
@@ -347,10 +323,6 @@ _default: Judge | None = None
 _default_lock = threading.Lock()
 
 
-def default_judge() -> Judge | None:
-    """The judge llm() uses outside a metric run (set by configure_llm), or None."""
-    return _default
-
 
 def configure_llm(metric_lm: Any = None, reflection_lm: Any = None, cache: Any = True, **options: Any) -> Judge:
     """Set the models skynet.llm() uses outside a metric run (e.g. trying a metric in a notebook).
@@ -359,6 +331,10 @@ def configure_llm(metric_lm: Any = None, reflection_lm: Any = None, cache: Any =
     model clears them. Returns the new process-default Judge (read `.usage` on it).
     """
     global _default
+    known = list(inspect.signature(Judge).parameters)
+    for name in options:
+        if name not in known:
+            raise unknown_option("configure_llm()", name, known)
     judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=cache, **options)
     with _default_lock:
         _default = judge if judge.metric_lm or judge.reflection_lm else None

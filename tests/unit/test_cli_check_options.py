@@ -62,7 +62,8 @@ def test_without_metric_lm_the_judge_check_fails_with_advice_for_the_command_lin
     data = cases_file(tmp_path, [{"input": {"ticket": "The app crashes."}, "output": "bug"}])
     code, out, _ = run(capsys, "check", JUDGE, "--data", data)
     assert code == 1 and "no model to call" in out
-    assert "--metric-lm MODEL (and --api-base URL)" in " ".join(out.split())  # advice the command line can follow
+    assert "metric_lm= in Python, or --metric-lm MODEL (and --api-base URL) on the command line" in " ".join(
+        out.split())  # advice for Python and for the command line
 
 
 def test_api_base_alone_is_a_usage_error(tmp_path, capsys):
@@ -77,9 +78,10 @@ def test_flat_rows_with_inputs_and_how_many_cases_run(tmp_path, capsys):
     rows = sum(1 for line in train.read_text(encoding="utf-8").splitlines() if line.strip())
     code, out, err = run(capsys, "check", metric, "--data", train, "--inputs", "ticket")
     assert code == 0, out + err
-    assert out.splitlines()[0].endswith(f"on 3 cases ({rows - 3} more cases not run; --all runs every case)")
+    every_case = "max_cases=None / --all runs every case"
+    assert out.splitlines()[0].endswith(f"on 3 cases ({rows - 3} more cases not run; {every_case})")
     _, two, _ = run(capsys, "check", metric, "--data", train, "--inputs", "ticket", "--cases", "2")
-    assert two.splitlines()[0].endswith(f"on 2 cases ({rows - 2} more cases not run; --all runs every case)")
+    assert two.splitlines()[0].endswith(f"on 2 cases ({rows - 2} more cases not run; {every_case})")
     _, every, _ = run(capsys, "check", metric, "--data", train, "--inputs", "ticket", "--all")
     assert every.splitlines()[0].endswith(f"on {rows} cases")
     code, _, err = run(capsys, "check", metric, "--data", train, "--inputs", "ticket", "--cases", "2", "--all")

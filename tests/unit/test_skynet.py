@@ -135,3 +135,66 @@ def test_the_helpers_under_dspy_evaluate_see_the_programs_run(server, lm, isolat
     assert (seen.model_calls, seen.prompt_tokens, seen.completion_tokens) == (1, 70, 3)
     assert seen.run_ms > 0
     assert cost == seen.cost_usd and cost > 0
+
+
+THREADED_JUDGE = """
+import concurrent.futures
+from skynet import llm, observation
+
+def score(input, output, expected=None):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda question: llm(question), ["first", "second"]))
+        seen = pool.submit(observation).result()
+    return 1.0, {"feedback": " | ".join(answers), "measured": seen.measured}
+"""
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_llm_and_observation_work_from_threads_the_metric_starts(tmp_path, server, isolation):
+    from support import write_metric
+
+    server.responder = lambda request: f"judged {request.user}"
+    judge = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": "local"}
+    with skynet_dspy.load_metric(write_metric(tmp_path, THREADED_JUDGE), metric_lm=judge, isolation=isolation) as m:
+        result = m.score({}, "x")
+    assert result.ok, result.detail
+    assert result.feedback == "judged first | judged second" and result.extra["measured"] is False
+
+
+def test_a_thread_the_metric_starts_is_told_when_its_call_is_ambiguous(tmp_path):
+    """With isolation='thread' and two calls at once, a bare thread cannot know its call: a clear error."""
+    import threading
+
+    from support import write_metric
+
+    path = write_metric(tmp_path, """
+        import threading
+        from skynet import observation
+
+        both = threading.Barrier(2, timeout=10)  # one process (isolation='thread'): the two calls meet here
+
+        def score(input, output, expected=None):
+            found = []
+            def look():
+                try:
+                    observation()
+                    found.append("found")
+                except Exception as exc:
+                    found.append(str(exc))
+            both.wait()  # both calls are in progress now
+            thread = threading.Thread(target=look)
+            thread.start()
+            thread.join()
+            both.wait()  # and stay so until both have looked
+            return 1.0, {"feedback": found[0]}
+        """)
+    with skynet_dspy.load_metric(path, isolation="thread") as metric:
+        results = []
+        calls = [threading.Thread(target=lambda: results.append(metric.score({}, 1))) for _ in range(2)]
+        for call in calls:
+            call.start()
+        for call in calls:
+            call.join()
+    assert len(results) == 2
+    for result in results:
+        assert "several metric calls run at once" in result.feedback and "copy_context" in result.feedback

@@ -100,6 +100,7 @@ def test_judge_without_a_model_reports_llm_as_not_configured(metrics_dir):
     assert "ModelNotConfigured" in item.message
     assert "metric_lm" in item.message or "reflection_lm" in item.message
     assert "judge.py, line 5" in item.message  # where in the metric the call was made
+    assert "give it a model: metric_lm= in Python, or --metric-lm MODEL" in item.message  # advice for both ways
     assert report.item("Metric loads").status == PASSED
 
 
@@ -395,7 +396,8 @@ def test_only_the_first_three_examples_are_used(metrics_dir):
     # a list is counted: the header says how many were not run
     listed = check_contract(metrics_dir / "exact_match.py", list(cases()))
     assert listed.not_run == 97
-    assert str(listed).splitlines()[0].endswith("on 3 cases (97 more cases not run; --all runs every case)")
+    assert str(listed).splitlines()[0].endswith(
+        "on 3 cases (97 more cases not run; max_cases=None / --all runs every case)")
 
     everything = check_contract(metrics_dir / "exact_match.py", cases(), max_cases=None)
     assert len(everything.cases) == 100 and everything.not_run == 0

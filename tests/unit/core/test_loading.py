@@ -475,3 +475,20 @@ def test_an_exception_in_a_helper_at_import_names_both_files(tmp_path):
     assert message.startswith(f"{path}, line 1 (`import settings_r8`): importing the file raised KeyError: 'limit'")
     assert f"(in {tmp_path / 'settings_r8.py'}, line 2)" in message
     assert not [name for name in sys.modules if "settings_r8" in name]  # the failed load left nothing behind
+
+
+def test_a_module_loaded_from_a_path_is_a_source_in_worker_processes_too(tmp_path):
+    """A module imported by path (not importable by name in a fresh interpreter) is sent by its file."""
+    import importlib.util
+
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "ticket_metric.py").write_text(
+        "def score(input, output, expected=None):\n    return 0.5, {'feedback': 'from the file'}\n"
+    )
+    spec = importlib.util.spec_from_file_location("ticket_metric", folder / "ticket_metric.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with skynet_dspy.load_metric(module) as metric:
+        result = metric.score({}, "x")
+    assert result.ok and result.feedback == "from the file", result.detail

@@ -85,3 +85,40 @@ def test_wrapping_dspy_execution_is_idempotent(monkeypatch):
         else:
             assert once[name] is not original and once[name].asynchronous == (name == "aexecute")
         assert getattr(execution, name) is once[name]  # not wrapped twice
+
+
+def test_a_gepa_adapter_that_no_longer_reads_the_cache_key_is_named(monkeypatch):
+    import inspect
+
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj).replace("_gepa_transient_failure", "_renamed"))
+    found = [p for p in hooks.problems() if p.startswith("keep_out_of_gepas_cache:")]
+    assert found and hooks.GEPA_CHECKED in found[0] and "no longer reads '_gepa_transient_failure'" in found[0]
+
+
+def test_a_litellm_response_without_hidden_params_is_named(monkeypatch):
+    from litellm.types.utils import ModelResponse
+
+    monkeypatch.setattr(ModelResponse, "_hidden_params", None, raising=False)
+    original = ModelResponse.__init__
+
+    def without(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        object.__setattr__(self, "_hidden_params", None)
+
+    monkeypatch.setattr(ModelResponse, "__init__", without)
+    assert any(p.startswith("response_cost:") and "_hidden_params" in p for p in hooks.problems())
+
+
+def test_dspy_carries_its_context_into_the_threads_it_starts():
+    """measure.py carries a run in dspy.context, relying on DSPy copying it into dspy.Parallel's threads."""
+    seen = []
+
+    class Look(dspy.Module):
+        def forward(self, n):
+            seen.append(dspy.settings.get("skynet_probe"))
+            return dspy.Prediction(n=n)
+
+    with dspy.context(skynet_probe="carried"):
+        dspy.Parallel(num_threads=2, disable_progress_bar=True)([(Look(), {"n": 1}), (Look(), {"n": 2})])
+    assert seen == ["carried", "carried"]

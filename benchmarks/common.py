@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +81,51 @@ class HandWrittenJudge:
         reply = litellm.completion(model=MODEL, api_base=self.url, api_key=KEY, messages=messages)
         verdict = reply.choices[0].message.content or ""
         return dspy.Prediction(score=1.0 if verdict.strip().upper().startswith("PASS") else 0.0, feedback=verdict)
+
+
+class Echo(dspy.Module):
+    """A program that costs nothing: it answers by echoing the question, so the metric's work is all there is."""
+
+    def forward(self, question: str) -> dspy.Prediction:
+        return dspy.Prediction(answer=f"An answer to: {question}")
+
+
+def echo_devset(tag: str, size: int) -> list[dspy.Example]:
+    """`size` distinct questions (tagged, so no two runs share a cache entry), each answered right by Echo."""
+    examples = []
+    for i in range(size):
+        question = f"[{tag}] question {i}"
+        examples.append(dspy.Example(question=question, answer=f"An answer to: {question}").with_inputs("question"))
+    return examples
+
+
+def timed_evaluate(metric: Any, devset: list[dspy.Example], threads: int) -> dict[str, Any]:
+    """dspy.Evaluate of Echo with `metric`: wall seconds, examples/s, this process's CPU ms per example, score."""
+    evaluate = dspy.Evaluate(devset=devset, metric=metric, num_threads=threads, display_progress=False)
+    start, cpu = time.perf_counter(), time.process_time()
+    result = evaluate(Echo())
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "seconds": seconds,
+        "examples_per_s": len(devset) / seconds,
+        "cpu_ms_per_example": cpu / len(devset) * 1000,  # this process only: workers and judges run in their own
+        "score": float(result.score),
+    }
+
+
+def on_another_thread(work: Callable[[], Any], name: str = "bench-dspy-worker") -> Any:
+    """`work()` run on a thread of its own (as DSPy's workers call a metric); its exception is raised here."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:  # reported below, on the calling thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]

@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
-import time
 from array import array
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-import dspy
-
 import skynet_dspy
-from benchmarks.common import METRICS, bare_score, summarize_ns
+from benchmarks.common import METRICS, bare_score, echo_devset, on_another_thread, summarize_ns, timed_evaluate
 
 TARGET_PROCESS_US = 150.0  # issue 13: median overhead per call with isolation="process"
 TARGET_CPU_SPEEDUP = 1.8  # issue 13: CPU-bound throughput, processes over threads, on 2 cores
@@ -76,19 +72,7 @@ def overhead(calls: int, warmup: int = 500) -> dict[str, Any]:
         }
         if pool is not None:
             timed["pebble"] = lambda i, o, e: pool.schedule(trivial, args=(i, o, e), timeout=60).result()
-        outcome: dict[str, Any] = {}
-
-        def loop() -> None:
-            try:
-                outcome["result"] = _loop(timed, values, calls, warmup)
-            except BaseException as exc:  # reported below, on the main thread
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=loop, name="bench-dspy-worker")
-        worker.start()
-        worker.join()
-        if "error" in outcome:
-            raise outcome["error"]
+        looped = on_another_thread(lambda: _loop(timed, values, calls, warmup))
         stats = {name: metric.stats for name, metric in metrics.items()}
     finally:
         for metric in metrics.values():
@@ -96,7 +80,7 @@ def overhead(calls: int, warmup: int = 500) -> dict[str, Any]:
         if pool is not None:
             pool.stop()
             pool.join()
-    samples, mismatches = outcome["result"]
+    samples, mismatches = looped
     out: dict[str, Any] = {"calls": calls, "warmup": warmup, "pebble_version": _version("pebble")}
     bare = out["bare"] = summarize_ns(samples["bare"])
     for name in ("process", "thread", "pebble"):
@@ -144,34 +128,6 @@ def _loop(timed: dict[str, Callable[[Any, Any, Any], Any]], values: list[tuple[A
 # -- 7. a CPU-bound metric under dspy.Evaluate(num_threads=4) ----------------------------------------
 
 
-class Echo(dspy.Module):
-    """A program that costs nothing: it answers by echoing the question, so the metric's work is all there is."""
-
-    def forward(self, question: str) -> dspy.Prediction:
-        return dspy.Prediction(answer=f"An answer to: {question}")
-
-
-def _devset(tag: str, size: int) -> list[dspy.Example]:
-    return [
-        dspy.Example(question=f"[{tag}] question {i}", answer=f"An answer to: [{tag}] question {i}").with_inputs(
-            "question")
-        for i in range(size)
-    ]
-
-
-def _evaluate(metric: Any, devset: list[dspy.Example], threads: int) -> dict[str, Any]:
-    evaluate = dspy.Evaluate(devset=devset, metric=metric, num_threads=threads, display_progress=False)
-    start, cpu = time.perf_counter(), time.process_time()
-    result = evaluate(Echo())
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {
-        "seconds": seconds,
-        "examples_per_s": len(devset) / seconds,
-        "parent_cpu_ms_per_example": cpu / len(devset) * 1000,  # this process only; workers run in their own
-        "score": float(result.score),
-    }
-
-
 def cpu_bound(examples: int = 200, repeats: int = 2, threads: int = EVALUATE_THREADS) -> dict[str, Any]:
     """dspy.Evaluate(num_threads=threads) on the CPU-bound metric, in worker processes and in threads.
 
@@ -188,11 +144,11 @@ def cpu_bound(examples: int = 200, repeats: int = 2, threads: int = EVALUATE_THR
     metrics = {name: skynet_dspy.load_metric(CPU_BOUND, isolation=name) for name in ("process", "thread")}
     try:
         for name, metric in metrics.items():
-            _evaluate(metric, _devset(f"{name} warm-up", 2 * threads), threads)
+            timed_evaluate(metric, echo_devset(f"{name} warm-up", 2 * threads), threads)
         tries: dict[str, list[dict[str, Any]]] = {name: [] for name in metrics}
         for attempt in range(repeats):
             for name in list(metrics)[:: 1 if attempt % 2 == 0 else -1]:
-                tries[name].append(_evaluate(metrics[name], _devset(f"{name} {attempt}", examples), threads))
+                tries[name].append(timed_evaluate(metrics[name], echo_devset(f"{name} {attempt}", examples), threads))
         stats = {name: metric.stats for name, metric in metrics.items()}
         workers = len(getattr(metrics["process"].scorer.executor, "worker_pids", []))
     finally:

@@ -24,7 +24,7 @@ from typing import Any
 import dspy
 
 import skynet_dspy
-from benchmarks.common import METRICS, ROOT, bare_score, summarize_ns
+from benchmarks.common import METRICS, ROOT, bare_score, on_another_thread, summarize_ns
 
 ISOLATIONS = ("process", "thread")
 # Median overhead per call: the thread runner's budget (before issue 13), and issue 13's for worker processes.
@@ -137,25 +137,12 @@ def run(calls: int, warmup: int = 1000) -> dict[str, Any]:
     try:
         score = bare_score(METRIC)
         main = _time_calls(metrics, score, calls, warmup)
-        outcome: dict[str, Any] = {}
-
-        def on_worker() -> None:
-            try:
-                outcome["result"] = _time_calls(metrics, score, calls, warmup)
-            except BaseException as exc:  # reported below, on the main thread
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=on_worker, name="bench-dspy-worker")
-        worker.start()
-        worker.join()
-        if "error" in outcome:
-            raise outcome["error"]
+        other = on_another_thread(lambda: _time_calls(metrics, score, calls, warmup))
         stats = {name: metric.stats for name, metric in metrics.items()}
         timeout = metrics["process"].timeout
     finally:
         for metric in metrics.values():
             metric.close()
-    other = outcome["result"]
     return {
         "calls": calls,
         "warmup": warmup,
@@ -199,9 +186,7 @@ def profile(calls: int, top: int = 18, worker_thread: bool = True, isolation: st
 
     try:
         if worker_thread:
-            thread = threading.Thread(target=calls_profiled, name="bench-dspy-worker")
-            thread.start()
-            thread.join()
+            on_another_thread(calls_profiled)
         else:
             calls_profiled()
     finally:

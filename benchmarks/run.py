@@ -311,8 +311,8 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
             f"7. CPU-bound metric ({c['bare_ms_per_call']:.1f} ms of pure Python per call), `dspy.Evaluate("
             f"num_threads={c['threads']})`, {c['examples']} examples, {c['usable_cores']} cores{best}",
             f"isolation=\"process\": {proc['examples_per_s']:.1f} examples/s ({c['process_workers']} worker "
-            f"processes; this process {proc['parent_cpu_ms_per_example']:.1f} ms CPU per example)",
-            f"isolation=\"thread\": {thr['examples_per_s']:.1f} examples/s ({thr['parent_cpu_ms_per_example']:.1f} ms "
+            f"processes; this process {proc['cpu_ms_per_example']:.1f} ms CPU per example)",
+            f"isolation=\"thread\": {thr['examples_per_s']:.1f} examples/s ({thr['cpu_ms_per_example']:.1f} ms "
             "CPU per example)",
             f"processes {c['speedup']:.2f}× threads",
             f"≥ {c['target_speedup']:g}× on 2 cores: {_met(c['target_met'])}",

@@ -10,49 +10,22 @@ llm() calls are served by this process.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import dspy
 
 import skynet_dspy
-from benchmarks.common import METRICS, HandWrittenJudge, server_lm
+from benchmarks.common import METRICS, HandWrittenJudge, echo_devset, server_lm, timed_evaluate
 from benchmarks.judge_process import JudgeProcess
 
 THREADS = (1, 2, 4, 8, 16)
 TARGET_SPEEDUP_AT_8 = 6.0
 
 
-class Echo(dspy.Module):
-    """A program that costs nothing: it answers by echoing the question."""
-
-    def forward(self, question: str) -> dspy.Prediction:
-        return dspy.Prediction(answer=f"An answer to: {question}")
-
-
-def _devset(tag: str, size: int) -> list[dspy.Example]:
-    examples = []
-    for i in range(size):
-        question = f"[{tag}] question {i}"
-        examples.append(dspy.Example(question=question, answer=f"An answer to: {question}").with_inputs("question"))
-    return examples
-
-
 def _evaluate(metric: Any, devset: list[dspy.Example], threads: int, judge: JudgeProcess) -> dict[str, Any]:
     before = judge.requests()
-    evaluate = dspy.Evaluate(devset=devset, metric=metric, num_threads=threads, display_progress=False)
-    start, cpu = time.perf_counter(), time.process_time()
-    result = evaluate(Echo())
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {
-        "threads": threads,
-        "seconds": seconds,
-        "cpu_ms_per_example": cpu / len(devset) * 1000,  # this process only; the judge runs in its own
-        "examples_per_s": len(devset) / seconds,
-        "score": float(result.score),
-        "judge_requests": judge.requests() - before,
-    }
+    return {"threads": threads, **timed_evaluate(metric, devset, threads), "judge_requests": judge.requests() - before}
 
 
 def run(examples: int = 200, delay: float = 0.05, threads: Sequence[int] = THREADS, repeats: int = 1) -> dict[str, Any]:
@@ -71,7 +44,7 @@ def run(examples: int = 200, delay: float = 0.05, threads: Sequence[int] = THREA
         # First-call imports and connections; and the adapter's pool of worker processes grows to the most threads.
         most = max(threads)
         for name, metric in metrics.items():
-            _evaluate(metric, _devset(f"{name} warm-up", 2 * most), most, judge)
+            _evaluate(metric, echo_devset(f"{name} warm-up", 2 * most), most, judge)
         out["isolation"] = metrics["skynet"].isolation
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in metrics}
         for i, n in enumerate(threads):
@@ -79,7 +52,7 @@ def run(examples: int = 200, delay: float = 0.05, threads: Sequence[int] = THREA
             tries: dict[str, list[dict[str, Any]]] = {name: [] for name in metrics}
             for attempt in range(repeats):
                 for name in list(metrics)[:: 1 if (i + attempt) % 2 == 0 else -1]:
-                    devset = _devset(f"{name} {n} {attempt}", examples)
+                    devset = echo_devset(f"{name} {n} {attempt}", examples)
                     tries[name].append(_evaluate(metrics[name], devset, n, judge))
             for name, done in tries.items():
                 best = min(done, key=lambda entry: entry["seconds"])

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from .._core import secrets
 from .._core.lru import LRU
 from .._core.values import whole_number
-from .entries import WarnOnce, entry_text, stored_entry
+from .entries import HeldLocks, WarnOnce, entry_text, stored_entry
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
 DEFAULT_DISK_CACHE_SIZE = 2**30  # bytes on disk before the least recently stored answers are evicted
@@ -59,8 +59,7 @@ class DiskStore:
             raise self._unusable(exc) from None
         self._timeout = diskcache.Timeout
         self._warn = WarnOnce()
-        self._held: dict[str, str] = {}  # request key -> the token of the in-flight marker this process set
-        self._held_lock = threading.Lock()
+        self._held = HeldLocks()
         self._write_lock = threading.Lock()
         self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
         # diskcache opens a store by writing its settings, waiting up to 60 s while another process holds it:
@@ -160,14 +159,12 @@ class DiskStore:
         with self._writing():
             if not cache.add(marker, token, expire=expire, retry=False):
                 return False
-        with self._held_lock:
-            self._held[key] = token
+        self._held.hold(key, token)
         return True
 
     def release(self, key: str) -> None:
         """Remove the in-flight marker on `key` if this process set it (another process's is left alone)."""
-        with self._held_lock:
-            token = self._held.pop(key, None)
+        token = self._held.release(key)
         if token is None:
             return
         marker, cache = f"{IN_FLIGHT_PREFIX}{key}", self._cache  # tried even when busy: others wait for it

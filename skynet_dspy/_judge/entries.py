@@ -60,3 +60,21 @@ class WarnOnce:
             "skynet-dspy judge cache %s: %s: %s (going on without it for this call; later such problems are not "
             "logged)", where, type(exc).__name__, secrets.redact(str(exc)),
         )
+
+
+class HeldLocks:
+    """The in-flight locks this process holds on a shared store, by request key, each with its own token
+    (so releasing never frees another process's lock on the same key)."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, key: str, token: str) -> None:
+        with self._lock:
+            self._tokens[key] = token
+
+    def release(self, key: str) -> str | None:
+        """The token of this process's lock on `key`, now forgotten; None when it holds none."""
+        with self._lock:
+            return self._tokens.pop(key, None)

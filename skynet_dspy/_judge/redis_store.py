@@ -7,7 +7,6 @@ during a run means "no cache for this call", with one warning; at load it is a c
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.parse
 import uuid
@@ -15,7 +14,7 @@ from typing import Any
 
 from .._core import secrets
 from ..errors import MissingExtra
-from .entries import WarnOnce, entry_text, stored_entry
+from .entries import HeldLocks, WarnOnce, entry_text, stored_entry
 
 KEY_PREFIX = "skynet-dspy:judge:"
 LOCK_SECONDS = 120  # an answer being fetched holds its lock at most this long (a crashed holder frees it)
@@ -50,8 +49,7 @@ class RedisStore:
                 "start the Redis server, fix the URL, or give another judge_cache="
             ) from None
         self._warn = WarnOnce()
-        self._held: dict[str, str] = {}  # request key -> the token of the lock this process holds on it
-        self._held_lock = threading.Lock()
+        self._held = HeldLocks()
         self._skip_until = 0.0  # monotonic time until which the server is left alone (a command failed)
 
     def get(self, key: str) -> str | None:
@@ -106,14 +104,12 @@ class RedisStore:
     def _take(self, lock: str, key: str, token: str) -> bool:
         if not self._client.set(lock, token, nx=True, ex=LOCK_SECONDS):
             return False
-        with self._held_lock:
-            self._held[key] = token
+        self._held.hold(key, token)
         return True
 
     def release(self, key: str) -> None:
         """Free the lock on `key` if this process holds it (another process's lock is left alone)."""
-        with self._held_lock:
-            token = self._held.pop(key, None)
+        token = self._held.release(key)
         if token is None:
             return
         try:

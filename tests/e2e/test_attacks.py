@@ -217,6 +217,41 @@ def test_a_forged_reply_then_a_hang_costs_at_most_the_next_call_its_timeout(tmp_
         metric.close()
 
 
+STOPS_ON_THE_NEXT_CALL = '''
+import select
+
+def _stop_when_the_next_call_comes():
+    select.select([int(sys.argv[1])], [], [])
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+def score(input, output, expected=None):
+    if input["case"] == "arm":
+        threading.Thread(target=_stop_when_the_next_call_comes, daemon=True).start()
+    return 1.0, {"feedback": "ok"}
+'''
+
+
+def test_a_worker_stopped_while_a_big_call_is_sent_to_it_does_not_hold_the_sender(tmp_path):
+    """A thread the metric left behind stops its worker as the next call arrives: sending that call
+    (larger than the socket's buffer) fails after the timeout instead of blocking the caller forever."""
+    metric = _metric(tmp_path, STOPS_ON_THE_NEXT_CALL)
+    try:
+        _call(metric, "arm")
+        box: dict = {}
+
+        def big() -> None:
+            box["result"] = metric.score({"case": "big", "blob": "b" * 16_000_000}, "yes", {"label": "yes"})
+
+        thread = threading.Thread(target=big, daemon=True)
+        thread.start()
+        thread.join(TIMEOUT + SLACK + 2)
+        assert not thread.is_alive(), "sending a call to a stopped worker blocked the caller"
+        assert box["result"].failure is Failure.CRASHED
+        _assert_good(metric)
+    finally:
+        metric.close()
+
+
 # -- what a call leaves behind after returning normally ---------------------------------------------------
 
 

@@ -87,8 +87,12 @@ def _exit_text(returncode: int | None) -> str:
 class _Worker:
     """One worker process and its socket; used by one calling thread at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_timeout: float) -> None:
         ours, theirs = socket.socketpair()
+        # A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever:
+        # a send that waits longer than this fails (OSError), and the worker is replaced.
+        seconds, fraction = divmod(max(send_timeout, 0.001), 1.0)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6)))
         self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
         try:
             self.proc = subprocess.Popen(
@@ -361,7 +365,7 @@ class ProcessExecutor:
 
     def _start(self) -> _Worker:
         """A new worker with the metric loaded (under the metric's timeout)."""
-        worker = _Worker()
+        worker = _Worker(self.timeout)
         with self._cond:
             self._workers.add(worker)
         try:
@@ -479,7 +483,11 @@ class ProcessExecutor:
             )
         except OSError:
             self._discard(worker)
-            return Outcome(failure=Failure.CRASHED, detail="the metric's worker process closed its connection")
+            return Outcome(
+                failure=Failure.CRASHED,
+                detail="the metric's worker process closed its connection or stopped reading it (for longer than "
+                f"the {self.timeout:g} s timeout); a new worker takes the next call",
+            )
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the worker is not reused, and the run goes on
             self._discard(worker)
             return Outcome(

@@ -76,9 +76,9 @@ def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected:
     mlflow.log_text(frame.to_csv(index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
     means = table.score_means(rows)
     metrics = {"examples": float(len(rows))}
-    if "score" in means:
-        metrics["score"] = means.pop("score")
-    metrics |= {f"scores/{name}": value for name, value in means.items()}
+    if means.score is not None:
+        metrics["score"] = means.score
+    metrics |= {f"scores/{name}": value for name, value in means.named.items()}
     failures = table.failure_counts(rows)
     metrics["failures"] = float(sum(failures.values()))
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}

@@ -76,21 +76,21 @@ def score_cases(
         for index in range(len(cases)):
             one(index)
     else:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score") as pool:
-            pending: set[Future[None]] = set()
-            try:
-                for index in range(len(cases)):
-                    pending.add(pool.submit(one, index))
-                    if len(pending) >= threads * 4:
-                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in finished:
-                            future.result()
-                for future in pending:
-                    future.result()
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
+        pending: set[Future[None]] = set()
+        try:
+            for index in range(len(cases)):
+                pending.add(pool.submit(one, index))
+                if len(pending) >= threads * 4:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        future.result()
+            for future in pending:
+                future.result()
+        except BaseException:  # a Ctrl-C: no waiting for the calls in progress (closing the metric ends them)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return [Scored(number, result) for number, result in enumerate(results, 1) if result is not None]
 
 
@@ -144,7 +144,7 @@ class Summary:
 
     cases: int
     failures: dict[str, int]
-    means: dict[str, float]
+    means: table.ScoreMeans
     seconds: float
 
     @property
@@ -154,9 +154,9 @@ class Summary:
     def __str__(self) -> str:
         rate = f" ({self.cases / self.seconds:.0f} cases/s)" if self.seconds > 0 else ""
         text = f"scored {self.cases} case(s) in {self.seconds:.1f} s{rate}"
-        if "score" in self.means:
-            text += f": mean score {self.means['score']:.4g}"
-        named = [f"{name} {value:.4g}" for name, value in self.means.items() if name != "score"]
+        if self.means.score is not None:
+            text += f": mean score {self.means.score:.4g}"
+        named = [f"{name} {value:.4g}" for name, value in self.means.named.items()]
         if named:
             text += f" ({', '.join(named)})"
         if self.failed:

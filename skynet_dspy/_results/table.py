@@ -154,16 +154,24 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
     return cells
 
 
-def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:
-    """The mean of the score and of each named score over the rows (or Results) that have it (failed calls
-    included): one rule for the results table, MLflow and `skynet-dspy score`'s summary."""
-    means: dict[str, float] = {}
-    if rows:
-        means["score"] = math.fsum(float(row.score) for row in rows) / len(rows)
+@dataclass(frozen=True)
+class ScoreMeans:
+    """The mean score over some rows (None for none), and each named score's mean over the rows that have it.
+    Apart, so a named score called "score" never stands in for the score."""
+
+    score: float | None
+    named: dict[str, float]
+
+
+def score_means(rows: Sequence[Row | Result]) -> ScoreMeans:
+    """The means of the score and of each named score (failed calls included): one rule for the results
+    table, MLflow and `skynet-dspy score`'s summary."""
+    named: dict[str, float] = {}
     for name in _union((row.scores or {}).keys() for row in rows):
         found = [row.scores[name] for row in rows if row.scores and name in row.scores]
-        means[name] = math.fsum(found) / len(found)
-    return means
+        named[name] = math.fsum(found) / len(found)
+    score = math.fsum(float(row.score) for row in rows) / len(rows) if rows else None
+    return ScoreMeans(score, named)
 
 
 def failure_counts(rows: Sequence[Row | Result]) -> dict[str, int]:

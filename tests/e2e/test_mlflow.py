@@ -109,6 +109,22 @@ def test_an_evaluation_logs_named_score_means_and_the_table_beside_score_and_fee
     assert "Contract check of" in (folder / "skynet" / "contract.txt").read_text()
 
 
+NAMED_SCORE = '''
+def score(input, output, expected=None):
+    return 1.0, {"feedback": "ok", "scores": {"score": 0.25}}
+'''
+
+
+def test_a_named_score_called_score_is_logged_apart_from_the_mean_score(store, tmp_path):
+    with skynet_dspy.load_metric(write_metric(tmp_path, NAMED_SCORE)) as metric:
+        devset = [dspy.Example(question=q, answer=q).with_inputs("question") for q in ("ab", "cd")]
+        evaluation = dspy.Evaluate(devset=devset, metric=metric, display_progress=False)(Shout())
+    with mlflow.start_run() as run:
+        skynet_dspy.log_to_mlflow(evaluation)
+    metrics = store.get_run(run.info.run_id).data.metrics
+    assert (metrics["score"], metrics["scores/score"]) == (1.0, 0.25)
+
+
 def test_a_gepa_run_logs_its_receipt_and_report(store, tmp_path):
     with scripted_server() as server:
         lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key="local-test-key", cache=False)

@@ -177,3 +177,45 @@ def test_long_runs_show_a_progress_bar_on_a_terminal_and_clear_it(tmp_path):
     assert code == 0, terminal
     assert "skynet-dspy check: [" in terminal and "calls" in terminal
     assert stdout.startswith("Contract check of")  # the report starts on a clean line
+
+
+NAMED_SCORE = '''
+def score(input, output, expected=None):
+    return 1.0, {"feedback": "ok", "scores": {"score": 0.25, "exact": 0.5}}
+'''
+
+
+def test_a_named_score_called_score_never_stands_in_for_the_mean_score(tmp_path, capsys):
+    code, _, stderr = run_main(capsys, "score", write_metric(tmp_path, NAMED_SCORE), "--data", write_cases(tmp_path, 3))
+    assert code == 0
+    assert "mean score 1 (score 0.25, exact 0.5)" in stderr, stderr
+
+
+SLEEPY = '''
+import time
+
+def score(input, output, expected=None):
+    time.sleep(30)
+    return 1.0, {"feedback": "late"}
+'''
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_ctrl_c_stops_at_once_with_exit_130(tmp_path, threads):
+    """The calls in progress are not waited for: closing the metric kills their workers."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    metric = write_metric(tmp_path, SLEEPY)
+    command = [sys.executable, "-m", "skynet_dspy._cli", "score", str(metric), "--data", str(write_cases(tmp_path, 8)),
+               "--threads", str(threads), "--timeout", "60"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # the workers have started and are inside score
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    assert time.monotonic() - interrupted < 10, "the command waited for the calls in progress"

@@ -7,8 +7,10 @@ plain values; the scorer (in the user's process) turns it into a Result.
 
 from __future__ import annotations
 
+import builtins
 import linecache
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -107,22 +109,46 @@ def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call
     hint = _hint(exc, text, loaded, request)
     if hint:
         detail += f". {hint}"
-    return _with_judge(Outcome(failure=kind, error_type=type_name(exc), detail=detail), call)
+    return _with_judge(Outcome(failure=kind, error_type=type_name(exc, loaded), detail=detail), call)
 
 
-def type_name(exc: BaseException) -> str | None:
-    """The exception's class name when code names it (a builtin, or a class a module or a function defines), else
-    None. A class made at run time with type() may be named from the metric's values, and the name reaches
-    the optimizer (SPEC §2)."""
+def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | None:
+    """The exception's class name when source code names it, else None: the name reaches the optimizer
+    (SPEC §2), and a class made or renamed at run time may be named from the metric's values.
+
+    Shown: a builtin exception; a class found under its name in the module it says it comes from, whose
+    class statement is in that module's source (or the metric's, for a class defined inside score). All a
+    class says of itself can be set at run time; a class statement in a source file cannot. (A module with
+    no Python source, a C extension, is taken at its word.)
+    """
     cls = type(exc)
-    name = cls.__name__
-    qualname = getattr(cls, "__qualname__", name)
-    if cls.__module__ == "builtins" or "<locals>" in qualname:
-        return name
-    found: Any = sys.modules.get(cls.__module__)
+    name, qualname, module = cls.__name__, getattr(cls, "__qualname__", None), getattr(cls, "__module__", None)
+    if not (isinstance(name, str) and isinstance(qualname, str) and isinstance(module, str)):
+        return None
+    if qualname.rpartition(".")[2] != name:  # renamed after it was made
+        return None
+    if module == "builtins":
+        return name if getattr(builtins, name, None) is cls else None
+    owner = sys.modules.get(module)
+    file = getattr(owner, "__file__", None)
+    sources = [file] if isinstance(file, str) else []
+    if "<locals>" in qualname:  # defined in a function: in its module's source, or the metric's
+        sources += [path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path] if loaded else []
+        return name if any(_class_statement(name, source) for source in sources) else None
+    found: Any = owner
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    return name if found is cls else None
+    if found is not cls:
+        return None
+    if isinstance(file, str) and file.endswith(".py") and not _class_statement(name, file):
+        return None  # put in the module at run time, not defined there
+    return name
+
+
+def _class_statement(name: str, file: str) -> bool:
+    """Whether the source of `file` has a `class NAME` statement."""
+    pattern = re.compile(rf"^\s*class\s+{re.escape(name)}\b")
+    return any(pattern.match(line) for line in linecache.getlines(file))
 
 
 def raised_at(exc: BaseException, loaded: LoadedMetric) -> str | None:

@@ -26,7 +26,11 @@ MASK = "***"
 MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
 MIN_ENV_LENGTH = 8  # an environment value shorter than this is a setting ("false", "1"), not a key
 
-_CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# PAT and PASS only as a whole part of the name (not PATH, PASSAGE); AUTH not as in AUTHOR.
+_CREDENTIAL_NAME = re.compile(
+    r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|COOKIE|WEBHOOK|DSN|AUTH(?!OR)|(?:^|_)(?:PAT|PASS)(?:$|_)",
+    re.IGNORECASE,
+)
 _SHAPES = (
     # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
@@ -41,9 +45,16 @@ _SHAPES = (
         ),
         r"\1" + MASK,
     ),
-    # scheme://user:password@host
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s:@'\"<>]+:[^/\s@'\"<>]+@"), r"\1" + MASK + ":" + MASK + "@"),
+    # scheme://user:password@host (the user may be empty: redis://:password@host)
+    (
+        re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)([^/\s:@'\"<>]*):[^/\s@'\"<>]+@"),
+        lambda found: f"{found[1]}{MASK if found[2] else ''}:{MASK}@",
+    ),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
+    # GitHub tokens (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_), Slack tokens (xoxb-, xoxp-, ...) and webhooks
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), MASK),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), MASK),
+    (re.compile(r"(hooks\.slack\.com/services/)[A-Za-z0-9/]+"), r"\1" + MASK),
 )
 
 
@@ -116,7 +127,10 @@ def _pattern() -> re.Pattern[str] | None:
 
 
 # Every key shape above contains one of these: text holding none of them is not scanned for shapes.
-_SHAPE_HINTS = ("sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA")
+_SHAPE_HINTS = (
+    "sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
+    "hooks.slack.com",
+)
 
 
 def redact(text: str) -> str:
@@ -132,10 +146,18 @@ def redact(text: str) -> str:
     return text
 
 
+def looks_like_credential(value: str) -> bool:
+    """True when a value holds a credential of a known shape (a URL with a password, sk-..., ghp_..., ...)."""
+    return any(pattern.search(value) for pattern, _ in _SHAPES)
+
+
 def credential_free_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """A copy of the environment without any variable whose name suggests a credential (for metric workers)."""
+    """A copy of the environment without any variable whose name suggests a credential or whose value holds
+    one (DATABASE_URL=postgres://app:PASSWORD@db, HTTPS_PROXY=http://user:PASSWORD@proxy): for metric workers."""
     source = os.environ if environ is None else environ
-    return {name: value for name, value in source.items() if not is_credential_name(name)}
+    return {
+        name: value for name, value in source.items() if not (is_credential_name(name) or looks_like_credential(value))
+    }
 
 
 class RedactedDict(dict):  # type: ignore[type-arg]

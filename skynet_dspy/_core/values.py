@@ -150,6 +150,15 @@ def content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+# What metric code may set on one llm() request: how the model answers. Where the request goes and what it
+# carries (model, api_base, api_key, headers, timeouts, retries) stay with the user's model spec: a metric must
+# not be able to send the user's key to an endpoint of its choosing.
+LLM_SETTINGS = frozenset({
+    "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "presence_penalty",
+    "frequency_penalty", "response_format", "logit_bias", "reasoning_effort",
+})
+
+
 def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any]) -> None:
     """The TypeError for llm() called with something it cannot send (in the metric, and again in the judge)."""
     if not isinstance(instructions, str):
@@ -161,6 +170,13 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
     refused = sorted({"messages", "stream"} & settings.keys())
     if refused:
         raise TypeError(f"llm() does not take {', '.join(refused)}: it sends one request and returns its text")
+    unknown = sorted(str(name) for name in settings.keys() - LLM_SETTINGS)
+    if unknown:
+        raise TypeError(
+            f"llm() does not take {', '.join(unknown)}: metric code chooses how the model answers, never which "
+            "model, endpoint, key or timeout a request uses (those are yours: metric_lm=... when loading the "
+            f"metric). It takes {', '.join(sorted(LLM_SETTINGS))}"
+        )
 
 
 PROMPT_TOKENS = ("prompt_tokens", "input_tokens")  # the names a model's usage record gives its prompt tokens

@@ -105,6 +105,14 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _wait_gone(tag: str, within: float = 2.0) -> list[int]:
     deadline = time.monotonic() + within
     while (left := _tagged(tag)) and time.monotonic() < deadline:
@@ -233,7 +241,8 @@ def score(input, output, expected=None):
 
 def test_a_worker_stopped_while_a_big_call_is_sent_to_it_does_not_hold_the_sender(tmp_path):
     """A thread the metric left behind stops its worker as the next call arrives: sending that call
-    (larger than the socket's buffer) fails after the timeout instead of blocking the caller forever."""
+    (larger than the socket's buffer) fails after the timeout instead of blocking the caller forever, and
+    the call is scored on a new worker (the stopped one never had all of it, so score ran once)."""
     metric = _metric(tmp_path, STOPS_ON_THE_NEXT_CALL)
     try:
         _call(metric, "arm")
@@ -246,8 +255,27 @@ def test_a_worker_stopped_while_a_big_call_is_sent_to_it_does_not_hold_the_sende
         thread.start()
         thread.join(TIMEOUT + SLACK + 2)
         assert not thread.is_alive(), "sending a call to a stopped worker blocked the caller"
-        assert box["result"].failure is Failure.CRASHED
+        assert box["result"].failure is None and box["result"].score == 1.0, box["result"].detail
         _assert_good(metric)
+    finally:
+        metric.close()
+
+
+SHUTS_ITS_SOCKET = '''
+import socket
+
+def score(input, output, expected=None):
+    if input["case"] == "shut":
+        socket.socket(fileno=os.dup(int(sys.argv[1]))).shutdown(socket.SHUT_RD)
+    return 1.0, {"feedback": "ok"}
+'''
+
+
+def test_a_worker_that_shut_its_socket_for_reading_is_replaced_before_the_next_call(tmp_path):
+    metric = _metric(tmp_path, SHUTS_ITS_SOCKET)
+    try:
+        _call(metric, "shut")
+        _assert_good(metric)  # the call it can no longer take goes to a new worker
     finally:
         metric.close()
 
@@ -310,6 +338,88 @@ def test_llm_calls_from_a_thread_that_outlives_its_call_spoil_no_later_call(tmp_
         for _ in range(6):
             _call(metric, "spawn" + uuid.uuid4().hex[:6])
             _assert_good(metric)
+    finally:
+        metric.close()
+
+
+REDIRECTS = '''
+import skynet
+
+def score(input, output, expected=None):
+    if input["case"] == "asked":  # through llm(), which checks its settings in the worker
+        skynet.llm("hello", api_base=input["evil"])
+    if input["case"] == "forged":  # a hand-written request, past the worker's own check
+        forge_llm = {"kind": "llm", "call": _call_id(), "request": 1, "instructions": "hello", "input": None,
+                     "settings": {"api_base": input["evil"], "api_key": "x", "timeout": 10**6}}
+        data = pickle.dumps(forge_llm, protocol=5)
+        _raw(struct.pack("!i", len(data)) + data)
+        time.sleep(0.2)  # the user's process answers it meanwhile (and must refuse it)
+    return 1.0, {"feedback": "ok"}
+'''
+
+
+@pytest.mark.parametrize("case", ["asked", "forged"])
+def test_a_metric_cannot_send_the_users_key_to_an_endpoint_of_its_choosing(tmp_path, server, case):
+    """llm() settings say how the model answers; the model, endpoint, key and timeout are the user's."""
+    from skynet_dspy.devserver import DevServer
+
+    key = "sk-user-" + uuid.uuid4().hex
+    lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=key, cache=False)
+    metric = _metric(tmp_path, REDIRECTS, metric_lm=lm)
+    try:
+        with DevServer(model_name="gpt-4o-mini") as evil:
+            result = metric.score({"case": case, "evil": evil.url}, "yes", {"label": "yes"})
+            time.sleep(0.3)
+            assert evil.requests == [], "a judge request went to the metric's endpoint"
+        assert result.failure is (Failure.EXCEPTION if case == "asked" else None), result.detail
+        if case == "asked":
+            assert "does not take api_base" in result.detail
+    finally:
+        metric.close()
+
+
+FLOODS_LLM = '''
+def score(input, output, expected=None):
+    if input["case"] == "flood":
+        request = {"kind": "llm", "call": _call_id(), "request": 1, "instructions": "x", "input": None,
+                   "settings": {}}
+        data = pickle.dumps(request, protocol=5)
+        _raw((struct.pack("!i", len(data)) + data) * 200_000)  # far more than may be in flight at once
+        time.sleep(10**6)
+    return 1.0, {"feedback": "ok"}
+'''
+
+
+def test_a_flood_of_llm_requests_ends_the_call_in_about_its_timeout(tmp_path):
+    from skynet_dspy.devserver import DevServer
+
+    with DevServer(model_name="gpt-4o-mini", delay=30) as judge:  # the 16 allowed requests hang
+        lm = dspy.LM("openai/gpt-4o-mini", api_base=judge.url, api_key="local-test-key", cache=False)
+        metric = _metric(tmp_path, FLOODS_LLM, metric_lm=lm)
+        try:
+            seconds, score = _call(metric, "flood", bound=TIMEOUT + SLACK + TIMEOUT)
+            assert score.result.failure in (Failure.CRASHED, Failure.TIMEOUT)
+            _assert_good(metric)
+        finally:
+            metric.close()
+
+
+DOUBLE_TAMPER = '''
+def score(input, output, expected=None):
+    if input["case"] == "tamper":
+        data = pickle.dumps({"kind": "outcome", "call": 0, "outcome": {}, "retire": False}, protocol=5)
+        _raw(struct.pack("!i", len(data)) + data)
+        time.sleep(30)
+    return 1.0, {"feedback": "ok"}
+'''
+
+
+def test_a_call_tampered_with_twice_is_a_failure_not_an_error(tmp_path):
+    metric = _metric(tmp_path, DOUBLE_TAMPER)
+    try:
+        _, score = _call(metric, "tamper")
+        assert score.result.failure is Failure.CRASHED
+        _assert_good(metric)
     finally:
         metric.close()
 
@@ -406,6 +516,46 @@ def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path):
         user.wait()
 
 
+BLINDS_ITS_WATCH = '''
+import os, sys, time
+
+_parent, _real_sleep = os.getppid(), time.sleep
+os.getppid = lambda: _parent  # the worker's watch on the user's process would never see it go
+time.sleep = lambda seconds: None
+
+def score(input, output, expected=None):
+    print("worker", os.getpid(), file=sys.stderr, flush=True)
+    _real_sleep(10**6)
+'''
+
+HANGING_USER = '''
+import sys, threading
+import skynet_dspy
+metric = skynet_dspy.load_metric(sys.argv[1], timeout=600, workers=1)
+threading.Thread(target=metric.score, args=({}, "x"), daemon=True).start()
+threading.Event().wait()
+'''
+
+
+def test_a_worker_ends_when_the_users_process_is_killed_even_if_the_metric_blinds_its_watch(tmp_path):
+    path = write_metric(tmp_path, BLINDS_ITS_WATCH)
+    script = write_metric(tmp_path, HANGING_USER, "user.py")
+    user = subprocess.Popen([sys.executable, str(script), str(path)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = user.stderr.readline()
+        assert line.startswith("worker "), line
+        worker = int(line.split()[1])
+        user.kill()
+        user.wait()
+        deadline = time.monotonic() + 5
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker), "the worker outlived the killed user process"
+    finally:
+        user.kill()
+        user.wait()
+
+
 # -- text the metric chose, in a failure ---------------------------------------------------------------------
 
 
@@ -424,6 +574,62 @@ def test_an_exception_class_named_at_run_time_from_the_labels_does_not_reach_the
         assert "CANARY77" in score.result.detail  # the user still sees it
     finally:
         metric.close()
+
+
+NAMED_BY_HAND = {
+    "qualname_says_local": 'raise type(L, (ValueError,), {"__qualname__": "score.<locals>." + L})("x")',
+    "module_says_builtins": 'raise type(L, (ValueError,), {"__module__": "builtins"})("x")',
+    "renamed_class": 'Base.__name__ = L\n    raise Base("x")',
+    "planted_in_the_metric": 'cls = type(L, (ValueError,), {"__module__": __name__})\n    '
+                             'setattr(sys.modules[__name__], L, cls)\n    raise cls("x")',
+    "planted_in_a_library": 'import json\n    cls = type(L, (ValueError,), {"__module__": "json"})\n    '
+                            'setattr(json, L, cls)\n    raise cls("x")',
+}
+
+
+@pytest.mark.parametrize("how", sorted(NAMED_BY_HAND))
+def test_an_exception_type_a_metric_names_from_the_labels_by_hand_does_not_reach_the_optimizer(tmp_path, how):
+    """All a class says of itself (__qualname__, __module__, __name__, where it is found) can be set at run
+    time: the type is shown only when a class statement in a source file names it."""
+    body = ("class Base(Exception):\n    pass\n\n\n"
+            "def score(input, output, expected=None):\n    L = expected['label']\n    ")
+    metric = _metric(tmp_path, body + NAMED_BY_HAND[how] + "\n")
+    try:
+        _, score = _call(metric, "x", label="CANARY55")
+        assert score.result.failure is Failure.EXCEPTION
+        assert "CANARY55" not in score.result.feedback, score.result.feedback
+    finally:
+        metric.close()
+
+
+NAMED_IN_SOURCE = '''
+import json
+
+
+class ParseError(ValueError):
+    pass
+
+
+def score(input, output, expected=None):
+    class LocalError(Exception):
+        pass
+
+    if input["case"] == "module":
+        raise ParseError("x")
+    if input["case"] == "local":
+        raise LocalError("x")
+    json.loads("{")
+'''
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_exception_types_named_in_source_still_reach_the_optimizer(tmp_path, isolation):
+    path = write_metric(tmp_path, textwrap.dedent(NAMED_IN_SOURCE))
+    with skynet_dspy.load_metric(str(path), isolation=isolation, timeout=TIMEOUT) as metric:
+        feedback = {case: metric.score({"case": case}, "x", {}).feedback for case in ("module", "local", "library")}
+    assert "raised ParseError" in feedback["module"]
+    assert "raised LocalError" in feedback["local"]
+    assert "raised JSONDecodeError" in feedback["library"]
 
 
 FORGED_TYPE = '''

@@ -58,6 +58,7 @@ DEFAULT_MAX_WORKERS = 32
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
 _MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
+_MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as a flood (each is answered here)
 _WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
 _READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
 _NO_MESSAGE = object()  # no whole message received yet
@@ -145,12 +146,12 @@ class _Worker:
         """
         conn_fd = self.conn.fileno()
         while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
+                return None
             message = self._message()
             if message is not _NO_MESSAGE:
                 return message
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
             if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
                 remaining = min(remaining, 0.25)
                 if self.proc.poll() is not None and not self.conn.poll(0):
@@ -434,14 +435,23 @@ class ProcessExecutor:
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
         """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks).
 
-        A worker that answers an earlier call again during this one had a reply forged (the metric wrote to
-        its socket): it is replaced and the call is run once more, on the new worker.
+        A worker an earlier call spoiled without it showing (it shut or wrote into its own socket, or stopped
+        itself as the call arrived) cannot take the call, or answers an earlier call again: it is replaced and
+        the call runs once more, on a new worker. score runs at most once for the call either way.
         """
         outcome = self._run_once(request, llm)
-        return self._run_once(request, llm) if outcome is None else outcome
+        if outcome is None:
+            outcome = self._run_once(request, llm)
+        if outcome is None:
+            return Outcome(
+                failure=Failure.CRASHED,
+                detail="two metric worker processes in a row could not take the call or answered an earlier call "
+                "again (score shut, stopped or wrote into its worker's socket); both were replaced",
+            )
+        return outcome
 
     def _run_once(self, request: CallRequest, llm: LLMHandler | None) -> Outcome | None:
-        """One attempt at the call; None when the worker turned out to have been tampered with."""
+        """One attempt at the call; None when the worker turned out to have been spoiled (see run)."""
         try:
             worker = self._acquire()
             while worker.used and not worker.healthy():  # what an earlier call left behind broke it
@@ -470,6 +480,13 @@ class ProcessExecutor:
         worker.used = True
         try:
             worker.send(data)
+        except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
+            self._discard(worker)
+            return None
+        except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
+            self._discard(worker)
+            raise
+        try:
             outcome, keep = self._await(worker, call_id, llm)
         except _Tampered:
             self._discard(worker)
@@ -505,6 +522,7 @@ class ProcessExecutor:
 
     def _await(self, worker: _Worker, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         deadline = time.monotonic() + self.timeout
+        refused = 0
         while True:
             message = worker.wait(deadline)
             if message is None:
@@ -514,7 +532,14 @@ class ProcessExecutor:
                 ), False
             kind = message.get("kind") if isinstance(message, dict) else None
             if kind == "llm":
-                _serve_llm(worker, message, call_id, llm)
+                if not _serve_llm(worker, message, call_id, llm):
+                    refused += 1
+                    if refused > _MAX_REFUSED:
+                        return Outcome(
+                            failure=Failure.CRASHED,
+                            detail=f"score() sent more than {_MAX_REFUSED} llm() requests beyond the "
+                            f"{_MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
+                        ), False
             elif kind == "outcome" and message.get("call") == call_id:
                 outcome = _checked(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
@@ -580,13 +605,14 @@ def _kill_all(workers: set[_Worker], owner: int) -> None:
     workers.clear()
 
 
-def _serve_llm(worker: _Worker, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> None:
-    """Answer a worker's llm() request on a helper thread, so the call's timeout keeps running meanwhile."""
+def _serve_llm(worker: _Worker, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
+    """Answer a worker's llm() request on a helper thread, so the call's timeout keeps running meanwhile.
+    False when it was refused at once (too many in flight)."""
     request_id = message.get("request")
     if not worker.llm_slots.acquire(blocking=False):
         _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,
                                   f"more than {_MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
-        return
+        return False
 
     def answer() -> None:
         instructions, input_text, settings = message.get("instructions"), message.get("input"), message.get("settings")
@@ -609,6 +635,7 @@ def _serve_llm(worker: _Worker, message: dict[str, Any], call_id: int, llm: LLMH
         _reply(worker, reply)
 
     threading.Thread(target=answer, name="skynet-llm-for-worker", daemon=True).start()
+    return True
 
 
 def _llm_error(

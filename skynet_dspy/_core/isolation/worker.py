@@ -30,6 +30,8 @@ from . import tree, wire
 _PARENT_CHECK = 0.5  # seconds between checks that the user's process is still there
 
 _worker_pid = os.getpid()
+# Taken before the metric loads, which may replace what the os and time modules hold.
+_getppid, _exit, _sleep = os.getppid, os._exit, time.sleep
 _forked = False  # score called os.fork() during the call in progress
 
 
@@ -110,10 +112,12 @@ class _ParentLLM:
 def _watch_parent(parent: int) -> None:
     """Exit when the user's process is gone (it could not stop us itself, e.g. it was killed)."""
     while True:
-        time.sleep(_PARENT_CHECK)
-        if os.getppid() != parent:
-            tree.kill_descendants(os.getpid(), os.environ.get(tree.MARK))  # what the metric started goes too
-            os._exit(1)
+        _sleep(_PARENT_CHECK)
+        if _getppid() != parent:
+            try:
+                tree.kill_descendants(_worker_pid, os.environ.get(tree.MARK))  # what the metric started goes too
+            finally:
+                _exit(1)
 
 
 def _load(spec: dict[str, Any]) -> LoadedMetric:

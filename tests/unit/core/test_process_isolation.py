@@ -80,6 +80,28 @@ def test_workers_hold_no_credentials(tmp_path, monkeypatch):
     assert not {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_SERVICE_PASSWORD"} & set(env)
 
 
+CREDENTIALS_BY_VALUE_OR_NAME = {
+    "DATABASE_URL": "postgres://app:hunter2pw@db/prod",
+    "HTTPS_PROXY": "http://u:hunter2px@proxy:8080",
+    "REDIS_URL": "redis://:hunter2redis@cache:6379/0",
+    "GH_PAT": "ghp_hunter2abcdefghijklmnopqrstuv",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T00/B00/hunter2hook",
+    "PGPASSFILE_AUTH": "hunter2auth",
+    "CI_NOTE": "deploy with xoxb-1234567890-hunter2",
+}
+
+
+def test_workers_hold_no_credential_named_otherwise_or_shaped_like_one(tmp_path, monkeypatch):
+    """Not only *_KEY / *_TOKEN: a password in a URL, a GitHub or Slack token, a webhook, *_AUTH, *_PAT."""
+    for name, value in CREDENTIALS_BY_VALUE_OR_NAME.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")  # AUTHOR is not AUTH
+    with skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC)) as metric:
+        env = metric.score({}, 1).extra["env"]
+    assert not set(CREDENTIALS_BY_VALUE_OR_NAME) & set(env)
+    assert "GIT_AUTHOR_NAME" in env and "PATH" in env
+
+
 @pytest.mark.parametrize("isolation", ["process", "thread"])
 def test_a_closed_metric_refuses_calls_clearly(tmp_path, isolation):
     """Scoring with a closed metric is the caller's mistake: an error, not a call scored as the metric's fault."""

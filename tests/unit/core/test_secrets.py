@@ -20,7 +20,8 @@ def _key(prefix: str = "") -> str:
 
 
 @pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "AZURE_OPENAI_KEY", "github_token", "DB_PASSWD",
-                                  "MY_PASSWORD", "GOOGLE_CREDENTIALS", "Stripe_Secret"])
+                                  "MY_PASSWORD", "GOOGLE_CREDENTIALS", "Stripe_Secret", "GH_PAT", "DB_PASS",
+                                  "BASIC_AUTH", "SLACK_WEBHOOK_URL", "SENTRY_DSN", "SESSION_COOKIE"])
 def test_environment_values_under_credential_names_are_masked_when_set_after_import(monkeypatch, name):
     value = _key()
     assert value in secrets.redact(f"x {value} y")  # not yet in the environment: nothing to mask
@@ -57,6 +58,11 @@ def test_escaped_forms_of_a_known_key_are_masked():
     ("GET /v1?api_key=abc123&x=1", "GET /v1?api_key=***&x=1"),
     ("https://bob:hunter22@db.example.com/x", "https://***:***@db.example.com/x"),
     ("id AKIAABCDEFGHIJKLMNOP here", "id *** here"),
+    ("redis://:hunter2redis@cache:6379/0", "redis://:***@cache:6379/0"),
+    ("token ghp_abcdefghijklmnopqrstuvwx12 used", "token *** used"),
+    ("pat github_pat_11ABCDEFG0123456789_abcdefghij", "pat ***"),
+    ("slack xoxb-1234567890-abcdefghij", "slack ***"),
+    ("https://hooks.slack.com/services/T00/B00/abcdef", "https://hooks.slack.com/services/***"),
 ])
 def test_key_shapes_are_masked_without_being_known(text, expected):
     assert secrets.redact(text) == expected
@@ -114,3 +120,8 @@ def test_redacted_dict_keeps_its_values_and_masks_its_repr():
     kwargs = secrets.RedactedDict(api_key=key, temperature=0.2)
     assert kwargs["api_key"] == key and {**kwargs}["api_key"] == key
     assert key not in repr(kwargs) and key not in str(kwargs) and key not in f"{kwargs}"
+
+
+@pytest.mark.parametrize("name", ["PATH", "GIT_AUTHOR_NAME", "PASSAGE_DIR", "PATTERN", "HOME"])
+def test_names_that_only_look_like_credential_names_are_settings(name):
+    assert not secrets.is_credential_name(name)

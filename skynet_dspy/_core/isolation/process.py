@@ -13,7 +13,8 @@ re-import the main module in every worker). Measured against pebble's ProcessPoo
 (`make bench`, row 6b, benchmarks/isolation.py): pebble's round trip of a trivial function alone takes
 1.3-1.5x this module's whole call (97 vs 65 µs median, 138 vs 103 on a busier machine); its shared task
 channel would also let a process forked inside score take tasks. So this module manages its processes
-itself, in the simplest way that keeps those promises.
+itself, in the simplest way that keeps those promises: handle.py is one worker process, source.py how a
+worker finds the metric, worker.py the worker's own loop.
 """
 
 from __future__ import annotations
@@ -21,20 +22,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import select
-import signal
-import socket
-import struct
-import subprocess
-import sys
 import threading
 import time
-import uuid
 import weakref
 from dataclasses import asdict
-from multiprocessing.connection import Connection
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ..call import CallRequest
@@ -49,297 +40,18 @@ from ..errors import (
     WorkerError,
     judge_failure,
 )
-from ..secrets import credential_free_environment
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import exception_text
-from . import tree, wire
+from . import wire
+from .handle import MAX_LLM_AT_ONCE, Gone, WorkerProcess, exit_text
+from .source import source_spec
 
 DEFAULT_MAX_WORKERS = 32
-STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
-_STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
-_MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as a flood (each is answered here)
-_WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
-_READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
-_NO_MESSAGE = object()  # no whole message received yet
-
-
-class _Gone(Exception):
-    """The worker process exited (or its socket closed, or sent what no worker of ours sends) while a reply
-    was awaited."""
 
 
 class _Tampered(Exception):
     """The worker answered an earlier call a second time: a reply was forged, so the last one may have been."""
-
-
-def _exit_text(returncode: int | None) -> str:
-    if returncode is None:
-        return "stopped answering"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"was killed by {name}"
-    return f"exited with code {returncode}"
-
-
-class _Worker:
-    """One worker process and its socket; used by one calling thread at a time."""
-
-    def __init__(self, send_timeout: float) -> None:
-        ours, theirs = socket.socketpair()
-        # A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever:
-        # a send that waits longer than this fails (OSError), and the worker is replaced.
-        seconds, fraction = divmod(max(send_timeout, 0.001), 1.0)
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6)))
-        self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                env={**_worker_environment(), tree.MARK: self.token},
-                cwd=os.getcwd(),
-                stdin=subprocess.DEVNULL,
-                stdout=_stream(),
-                stderr=_stream(),
-                start_new_session=True,  # its own process group: killing it kills what it forked
-            )
-        except OSError as exc:
-            ours.close()
-            raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
-        finally:
-            theirs.close()
-        self.conn = Connection(ours.detach())
-        self.send_lock = threading.Lock()
-        self.pid = self.proc.pid
-        self._pidfd = _pidfd(self.pid)
-        self._poller = select.poll()
-        self._poller.register(self.conn.fileno(), select.POLLIN)
-        if self._pidfd is not None:
-            self._poller.register(self._pidfd, select.POLLIN)
-        self.info: MetricInfo | None = None
-        self.llm_slots = threading.BoundedSemaphore(_MAX_LLM_AT_ONCE)
-        self.used = False  # it has taken a call: what that call left behind may have broken it
-        self._received = bytearray()  # bytes read from the socket, not yet a whole message
-        try:
-            ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
-        except _Gone:
-            ready = None
-        if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
-            self.kill()
-            raise WorkerError(
-                f"a metric worker process did not start ({_exit_text(self.proc.returncode)}; its error output, "
-                "if any, is above)"
-            )
-
-    def send(self, data: bytes) -> None:
-        with self.send_lock:
-            self.conn.send_bytes(data)
-
-    def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; _Gone when the process is gone.
-
-        Bytes are read as they come and framed here, so a metric that writes half a frame (or a header
-        announcing a gigabyte) into the worker's socket cannot make this wait past the deadline.
-        """
-        conn_fd = self.conn.fileno()
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
-                return None
-            message = self._message()
-            if message is not _NO_MESSAGE:
-                return message
-            if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
-                remaining = min(remaining, 0.25)
-                if self.proc.poll() is not None and not self.conn.poll(0):
-                    raise _Gone
-            events = self._poller.poll(math.ceil(remaining * 1000))
-            if not events:
-                continue
-            if any(fd == conn_fd for fd, _ in events) or self.conn.poll(0):
-                try:
-                    chunk = os.read(conn_fd, _READ_SIZE)
-                except OSError:
-                    raise _Gone from None
-                if not chunk:
-                    raise _Gone
-                self._received += chunk
-                continue
-            raise _Gone  # only the pidfd is readable: the process exited
-
-    def _message(self) -> Any:
-        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE."""
-        buffer = self._received
-        if len(buffer) < 4:
-            return _NO_MESSAGE
-        size, start = struct.unpack("!i", buffer[:4])[0], 4
-        if size == -1:  # a message over 2 GiB announces its size in 8 more bytes
-            if len(buffer) < 12:
-                return _NO_MESSAGE
-            size, start = struct.unpack("!Q", buffer[4:12])[0], 12
-        if not 0 <= size <= wire.MAX_MESSAGE:
-            raise _Gone  # no worker of ours sends this: the metric wrote it
-        if len(buffer) < start + size:
-            return _NO_MESSAGE
-        data = bytes(buffer[start:start + size])
-        del buffer[:start + size]
-        try:
-            return wire.from_worker(data)
-        except Exception:  # a reply that is not plain data: the worker is not to be trusted
-            raise _Gone from None
-
-    def healthy(self) -> bool:
-        """Whether an idle worker can take a call: running (not exited, not stopped), and silent since its
-        last reply.
-
-        What a call left behind may have stopped it, killed it, or written to its socket (an alarm, a
-        timer, a thread still calling llm()): such a worker is replaced, not given the call.
-        """
-        if self._received or self._poller.poll(0):  # bytes on the socket, or the pidfd says it exited
-            return False
-        try:  # stopped? One syscall that leaves the state to be collected (WNOWAIT); a signal would wake it
-            changed = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # already reaped
-            return False
-        except AttributeError:  # no waitid (not Linux or macOS): exit only
-            return self.proc.poll() is None
-        return changed is None
-
-    def kill(self) -> None:
-        """Kill the worker and everything it started, and reap it (no zombie is left).
-
-        The worker is stopped first, so it starts nothing more; then what left its process group (setsid)
-        is found in its tree or by its mark (tree.py), and killed with the group.
-        """
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-            except OSError:
-                pass
-        tree.kill_descendants(self.pid, self.token)
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()
-        self._close()
-
-    def stop(self) -> None:
-        """Ask the worker to exit; kill it if it does not within a second."""
-        try:
-            self.send(wire.to_worker({"kind": "stop"}))
-            self.proc.wait(_STOP_GRACE)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            pass
-        self.kill()
-
-    def _close(self) -> None:
-        with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
-            try:
-                self.conn.close()
-            except OSError:
-                pass
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)  # readable once the process exits: no polling for its death
-    except (AttributeError, OSError):
-        return None
-
-
-def _stream() -> int | None:
-    """Where a worker's prints go: the user's stderr (never stdout, which may carry a report)."""
-    try:
-        return sys.__stderr__.fileno() if sys.__stderr__ is not None else None
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _worker_environment() -> dict[str, str]:
-    """The user's environment without credentials, with this Python's import path (the user's script dir too)."""
-    env = credential_free_environment()
-    paths = [entry or os.getcwd() for entry in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env["PYTHONUNBUFFERED"] = "1"  # a metric's prints arrive even when it exits without flushing
-    return env
-
-
-def source_spec(source: Any) -> dict[str, Any]:
-    """How a worker finds the metric: a file path, an importable module name, or the pickled `score`.
-
-    A callable cloudpickle cannot send is a MetricLoadError naming isolation="thread".
-    """
-    if isinstance(source, (str, Path)):
-        return {"path": str(source)}
-    if isinstance(source, ModuleType):
-        name = source.__name__
-        if _importable_as(source):
-            return {"module": name}
-        if getattr(source, "__file__", None):
-            return {"path": source.__file__}
-        source = getattr(source, "score", None)
-        if not callable(source):
-            raise MetricLoadError(f"the module {name} defines no function named `score`")
-    elif not callable(source):
-        from ..loading import load
-
-        load(source)  # raises the TypeError naming what a source may be, here rather than in a worker
-    import inspect
-
-    import cloudpickle
-
-    try:
-        pickled = cloudpickle.dumps(source, protocol=wire.PROTOCOL)
-    except Exception as exc:
-        shown = getattr(source, "__qualname__", type(source).__name__)
-        raise MetricLoadError(
-            f"{shown} cannot be sent to a metric worker process ({exception_text(exc)}). Define score in a "
-            "metric.py and load that file, make it a plain module-level function, or run it in this process "
-            "with load_metric(..., isolation='thread')"
-        ) from None
-    import linecache
-
-    owner = inspect.getmodule(source)
-    spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
-    file = getattr(getattr(source, "__code__", None), "co_filename", None)
-    lines = linecache.getlines(file) if file else []  # a notebook cell's source lives only in this process
-    return {
-        "pickled": pickled,
-        "reward_spec": wire.to_plain(spec) if isinstance(spec, dict) else None,
-        "file": file,
-        "source": lines if sum(map(len, lines)) < 1_000_000 else [],
-    }
-
-
-def _importable_as(module: ModuleType) -> bool:
-    """Whether a fresh interpreter importing `module.__name__` gets this same file (not so for __main__, a
-    file loaded by path, or a module imported from a folder the worker's path lacks)."""
-    import importlib.util
-
-    name = module.__name__
-    if name == "__main__" or name.startswith("skynet_metric_") or getattr(module, "__spec__", None) is None:
-        return False
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
-    if found is None or found.origin is None:
-        return False
-    return getattr(module, "__file__", None) is not None and os.path.samefile(found.origin, module.__file__)
 
 
 class ProcessExecutor:
@@ -351,8 +63,8 @@ class ProcessExecutor:
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self._spec = source_spec(source)
         self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._workers: set[_Worker] = set()  # every live worker, busy or idle
+        self._idle: list[WorkerProcess] = []
+        self._workers: set[WorkerProcess] = set()  # every live worker, busy or idle
         self._starting = 0
         self._closed = False
         self._call_ids = itertools.count(1)
@@ -364,18 +76,18 @@ class ProcessExecutor:
 
     # -- the pool ------------------------------------------------------------------------------
 
-    def _start(self) -> _Worker:
+    def _start(self) -> WorkerProcess:
         """A new worker with the metric loaded (under the metric's timeout)."""
-        worker = _Worker(self.timeout)
+        worker = WorkerProcess(self.timeout)
         with self._cond:
             self._workers.add(worker)
         try:
             worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
             reply = worker.wait(time.monotonic() + self.timeout)
-        except _Gone:
+        except Gone:
             self._discard(worker)
             raise MetricLoadError(
-                f"importing the metric {_exit_text(worker.proc.returncode)} (in its worker process); fix the "
+                f"importing the metric {exit_text(worker.proc.returncode)} (in its worker process); fix the "
                 "module-level code so the file imports cleanly"
             ) from None
         if not isinstance(reply, dict):
@@ -396,7 +108,7 @@ class ProcessExecutor:
         worker.info = wire.info_from_plain(reply["info"])
         return worker
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self) -> WorkerProcess:
         if os.getpid() != self._owner:
             self._forget_inherited_workers()
         with self._cond:
@@ -416,7 +128,7 @@ class ProcessExecutor:
                 self._starting -= 1
                 self._cond.notify()
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: WorkerProcess) -> None:
         with self._cond:
             if not self._closed and worker in self._workers:
                 self._idle.append(worker)
@@ -424,7 +136,7 @@ class ProcessExecutor:
                 return
         self._discard(worker)
 
-    def _discard(self, worker: _Worker) -> None:
+    def _discard(self, worker: WorkerProcess) -> None:
         worker.kill()
         with self._cond:
             self._workers.discard(worker)
@@ -491,11 +203,11 @@ class ProcessExecutor:
         except _Tampered:
             self._discard(worker)
             return None
-        except _Gone:
+        except Gone:
             self._discard(worker)
             return Outcome(
                 failure=Failure.CRASHED,
-                detail=f"the metric's worker process {_exit_text(worker.proc.returncode)} during the call "
+                detail=f"the metric's worker process {exit_text(worker.proc.returncode)} during the call "
                 "(sys.exit, os._exit, a crash or a signal in score); a new worker takes the next call",
             )
         except OSError:
@@ -520,7 +232,7 @@ class ProcessExecutor:
             self._discard(worker)
         return outcome
 
-    def _await(self, worker: _Worker, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
+    def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         deadline = time.monotonic() + self.timeout
         refused = 0
         while True:
@@ -538,7 +250,7 @@ class ProcessExecutor:
                         return Outcome(
                             failure=Failure.CRASHED,
                             detail=f"score() sent more than {_MAX_REFUSED} llm() requests beyond the "
-                            f"{_MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
+                            f"{MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
                         ), False
             elif kind == "outcome" and message.get("call") == call_id:
                 outcome = _checked(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
@@ -597,7 +309,7 @@ def _checked(outcome: Outcome, feedback_limit: int) -> Outcome:
     )
 
 
-def _kill_all(workers: set[_Worker], owner: int) -> None:
+def _kill_all(workers: set[WorkerProcess], owner: int) -> None:
     if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
         return
     for worker in list(workers):
@@ -605,13 +317,13 @@ def _kill_all(workers: set[_Worker], owner: int) -> None:
     workers.clear()
 
 
-def _serve_llm(worker: _Worker, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
+def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
     """Answer a worker's llm() request on a helper thread, so the call's timeout keeps running meanwhile.
     False when it was refused at once (too many in flight)."""
     request_id = message.get("request")
     if not worker.llm_slots.acquire(blocking=False):
         _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,
-                                  f"more than {_MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
+                                  f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
         return False
 
     def answer() -> None:
@@ -645,7 +357,7 @@ def _llm_error(
     return {"kind": "llm_reply", "request": request_id, "error": error}
 
 
-def _reply(worker: _Worker, reply: dict[str, Any]) -> None:
+def _reply(worker: WorkerProcess, reply: dict[str, Any]) -> None:
     try:
         worker.send(wire.to_worker(reply))
     except (OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting

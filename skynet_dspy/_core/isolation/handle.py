@@ -1,0 +1,244 @@
+"""One metric worker process, seen from the user's process: started, read from, checked, killed.
+
+The worker is a fresh interpreter (`python -c ... FD`, see worker.py) on a socket of its own, with a
+credential-free environment, in a session of its own. Nothing it sends is trusted: replies are framed and
+bounded here, so bytes a metric writes into the socket cannot make the reader wait past a deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..errors import WorkerError
+from ..secrets import credential_free_environment
+from ..types import MetricInfo
+from . import tree, wire
+
+STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
+MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
+_STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
+_WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
+_READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
+_NO_MESSAGE = object()  # no whole message received yet
+
+
+class Gone(Exception):
+    """The worker process exited (or its socket closed, or sent what no worker of ours sends) while a reply
+    was awaited."""
+
+
+def exit_text(returncode: int | None) -> str:
+    if returncode is None:
+        return "stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class WorkerProcess:
+    """One worker process and its socket; used by one calling thread at a time."""
+
+    def __init__(self, send_timeout: float) -> None:
+        ours, theirs = socket.socketpair()
+        # A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever:
+        # a send that waits longer than this fails (OSError), and the worker is replaced.
+        seconds, fraction = divmod(max(send_timeout, 0.001), 1.0)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6)))
+        self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env={**_worker_environment(), tree.MARK: self.token},
+                cwd=os.getcwd(),
+                stdin=subprocess.DEVNULL,
+                stdout=_stream(),
+                stderr=_stream(),
+                start_new_session=True,  # its own process group: killing it kills what it forked
+            )
+        except OSError as exc:
+            ours.close()
+            raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self.send_lock = threading.Lock()
+        self.pid = self.proc.pid
+        self._pidfd = _pidfd(self.pid)
+        self._poller = select.poll()
+        self._poller.register(self.conn.fileno(), select.POLLIN)
+        if self._pidfd is not None:
+            self._poller.register(self._pidfd, select.POLLIN)
+        self.info: MetricInfo | None = None
+        self.llm_slots = threading.BoundedSemaphore(MAX_LLM_AT_ONCE)
+        self.used = False  # it has taken a call: what that call left behind may have broken it
+        self._received = bytearray()  # bytes read from the socket, not yet a whole message
+        try:
+            ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
+        except Gone:
+            ready = None
+        if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
+            self.kill()
+            raise WorkerError(
+                f"a metric worker process did not start ({exit_text(self.proc.returncode)}; its error output, "
+                "if any, is above)"
+            )
+
+    def send(self, data: bytes) -> None:
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    def wait(self, deadline: float) -> Any:
+        """The worker's next message, or None at the deadline; _Gone when the process is gone.
+
+        Bytes are read as they come and framed here, so a metric that writes half a frame (or a header
+        announcing a gigabyte) into the worker's socket cannot make this wait past the deadline.
+        """
+        conn_fd = self.conn.fileno()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
+                return None
+            message = self._message()
+            if message is not _NO_MESSAGE:
+                return message
+            if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
+                remaining = min(remaining, 0.25)
+                if self.proc.poll() is not None and not self.conn.poll(0):
+                    raise Gone
+            events = self._poller.poll(math.ceil(remaining * 1000))
+            if not events:
+                continue
+            if any(fd == conn_fd for fd, _ in events) or self.conn.poll(0):
+                try:
+                    chunk = os.read(conn_fd, _READ_SIZE)
+                except OSError:
+                    raise Gone from None
+                if not chunk:
+                    raise Gone
+                self._received += chunk
+                continue
+            raise Gone  # only the pidfd is readable: the process exited
+
+    def _message(self) -> Any:
+        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE."""
+        buffer = self._received
+        if len(buffer) < 4:
+            return _NO_MESSAGE
+        size, start = struct.unpack("!i", buffer[:4])[0], 4
+        if size == -1:  # a message over 2 GiB announces its size in 8 more bytes
+            if len(buffer) < 12:
+                return _NO_MESSAGE
+            size, start = struct.unpack("!Q", buffer[4:12])[0], 12
+        if not 0 <= size <= wire.MAX_MESSAGE:
+            raise Gone  # no worker of ours sends this: the metric wrote it
+        if len(buffer) < start + size:
+            return _NO_MESSAGE
+        data = bytes(buffer[start:start + size])
+        del buffer[:start + size]
+        try:
+            return wire.from_worker(data)
+        except Exception:  # a reply that is not plain data: the worker is not to be trusted
+            raise Gone from None
+
+    def healthy(self) -> bool:
+        """Whether an idle worker can take a call: running (not exited, not stopped), and silent since its
+        last reply.
+
+        What a call left behind may have stopped it, killed it, or written to its socket (an alarm, a
+        timer, a thread still calling llm()): such a worker is replaced, not given the call.
+        """
+        if self._received or self._poller.poll(0):  # bytes on the socket, or the pidfd says it exited
+            return False
+        try:  # stopped? One syscall that leaves the state to be collected (WNOWAIT); a signal would wake it
+            changed = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped
+            return False
+        except AttributeError:  # no waitid (not Linux or macOS): exit only
+            return self.proc.poll() is None
+        return changed is None
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started, and reap it (no zombie is left).
+
+        The worker is stopped first, so it starts nothing more; then what left its process group (setsid)
+        is found in its tree or by its mark (tree.py), and killed with the group.
+        """
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        tree.kill_descendants(self.pid, self.token)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+        self._close()
+
+    def stop(self) -> None:
+        """Ask the worker to exit; kill it if it does not within a second."""
+        try:
+            self.send(wire.to_worker({"kind": "stop"}))
+            self.proc.wait(_STOP_GRACE)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+        self.kill()
+
+    def _close(self) -> None:
+        with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
+            try:
+                self.conn.close()
+            except OSError:
+                pass
+        if self._pidfd is not None:
+            try:
+                os.close(self._pidfd)
+            except OSError:
+                pass
+            self._pidfd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)  # readable once the process exits: no polling for its death
+    except (AttributeError, OSError):
+        return None
+
+
+def _stream() -> int | None:
+    """Where a worker's prints go: the user's stderr (never stdout, which may carry a report)."""
+    try:
+        return sys.__stderr__.fileno() if sys.__stderr__ is not None else None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _worker_environment() -> dict[str, str]:
+    """The user's environment without credentials, with this Python's import path (the user's script dir too)."""
+    env = credential_free_environment()
+    paths = [entry or os.getcwd() for entry in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONUNBUFFERED"] = "1"  # a metric's prints arrive even when it exits without flushing
+    return env

@@ -72,7 +72,7 @@ def check_contract(
         info = metric.info
         report.items.append(CheckItem(Item.LOADS, Status.PASSED, f"loaded {report.metric}"))
         arity = "score(input, output, expected)" if info.takes_expected else "score(input, output)"
-        hint = f"; but {info.hint}" if info.hint else ""
+        hint = f". {info.hint}" if info.hint else ""
         status = Status.WARNING if hint else Status.PASSED
         report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))
         if info.reward_spec is not None:

@@ -125,7 +125,8 @@ def _shape_hint(case: Case, output_fields: Any) -> str:
         return ""
     return (
         f". Its expected values hold {len(case.expected)} fields ({', '.join(map(str, case.expected))}) and were "
-        "given as a dict: if the output is only some of them, pass output_fields=[...] naming those"
+        "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
+        "(--output-fields a,b on the command line)"
     )
 
 

@@ -113,13 +113,13 @@ def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call
 
 
 def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | None:
-    """The exception's class name when source code names it, else None: the name reaches the optimizer
+    """The exception's class name when it names code, not values, else None: the name reaches the optimizer
     (SPEC §2), and a class made or renamed at run time may be named from the metric's values.
 
-    Shown: a builtin exception; a class found under its name in the module it says it comes from, whose
-    class statement is in that module's source (or the metric's, for a class defined inside score). All a
-    class says of itself can be set at run time; a class statement in a source file cannot. (A module with
-    no Python source, a C extension, is taken at its word.)
+    A builtin is shown; so is a library's class found under its name in the module it says it comes from.
+    A class of the metric's own (its file, its folder, defined inside score, sent from a script) is shown
+    only when a class statement in a source file names it: all a class says of itself can be set at run
+    time, a class statement cannot.
     """
     cls = type(exc)
     name, qualname, module = cls.__name__, getattr(cls, "__qualname__", None), getattr(cls, "__module__", None)
@@ -131,18 +131,20 @@ def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | N
         return name if getattr(builtins, name, None) is cls else None
     owner = sys.modules.get(module)
     file = getattr(owner, "__file__", None)
-    sources = [file] if isinstance(file, str) else []
-    if "<locals>" in qualname:  # defined in a function: in its module's source, or the metric's
-        sources += [path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path] if loaded else []
+    metric_files = [path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path] if loaded else []
+    folders = {os.path.dirname(os.path.abspath(path)) for path in metric_files}
+    if (
+        "<locals>" in qualname
+        or module == "__main__"
+        or (loaded is not None and owner is loaded.module)
+        or (isinstance(file, str) and os.path.dirname(os.path.abspath(file)) in folders)
+    ):
+        sources = ([file] if isinstance(file, str) else []) + metric_files
         return name if any(_class_statement(name, source) for source in sources) else None
-    found: Any = owner
+    found: Any = owner  # a library's class: where it says it lives, under its name
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    if found is not cls:
-        return None
-    if isinstance(file, str) and file.endswith(".py") and not _class_statement(name, file):
-        return None  # put in the module at run time, not defined there
-    return name
+    return name if found is cls else None
 
 
 def _class_statement(name: str, file: str) -> bool:
@@ -179,8 +181,8 @@ def _hint(exc: BaseException, text: str, loaded: LoadedMetric, request: CallRequ
         if "indices must be integers" in text or "not subscriptable" in text or isinstance(exc, KeyError):
             return (
                 "When the program has one output field, `output` is that field's bare value, not a dict "
-                "(so output == expected['label'] works); pass output_fields=[...] naming several fields, or "
-                "to_output=..., to get a dict"
+                "(so output == expected['label'] works); pass output_fields=[...] naming several fields "
+                "(--output-fields a,b on the command line), or to_output=..., to get a dict"
             )
     if isinstance(exc, (AttributeError, TypeError)):
         return signature_hint(loaded.score)

@@ -146,17 +146,32 @@ def redact(text: str) -> str:
     return text
 
 
+# The shapes that mark a whole environment value as holding a credential: distinctive enough never to be
+# part of a path or a setting (unlike "sk-" in /opt/sk-toolkit/bin).
+_VALUE_SHAPES = (
+    re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@'\"<>]*:[^/\s@'\"<>]+@"),  # a URL with a password
+    re.compile(r"^\s*sk-[A-Za-z0-9_\-]{16,}\s*$"),  # the whole value is an sk- key
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
+    re.compile(r"hooks\.slack\.com/services/"),
+)
+
+
 def looks_like_credential(value: str) -> bool:
-    """True when a value holds a credential of a known shape (a URL with a password, sk-..., ghp_..., ...)."""
-    return any(pattern.search(value) for pattern, _ in _SHAPES)
+    """True when an environment value holds a credential of a distinctive shape (a URL with a password, an AWS
+    key id, a GitHub or Slack token, a webhook, a bare sk- key)."""
+    return any(pattern.search(value) for pattern in _VALUE_SHAPES)
 
 
 def credential_free_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """A copy of the environment without any variable whose name suggests a credential or whose value holds
-    one (DATABASE_URL=postgres://app:PASSWORD@db, HTTPS_PROXY=http://user:PASSWORD@proxy): for metric workers."""
+    """A copy of the environment for metric workers, without credentials: a variable whose name suggests one
+    and whose value is long enough to be one (TOKENIZERS_PARALLELISM=false is a setting), and a variable whose
+    value holds one (DATABASE_URL=postgres://app:PASSWORD@db, HTTPS_PROXY=http://user:PASSWORD@proxy)."""
     source = os.environ if environ is None else environ
     return {
-        name: value for name, value in source.items() if not (is_credential_name(name) or looks_like_credential(value))
+        name: value for name, value in source.items()
+        if not ((is_credential_name(name) and len(value) >= MIN_ENV_LENGTH) or looks_like_credential(value))
     }
 
 

@@ -155,7 +155,7 @@ def content_text(content: Any) -> str:
 # not be able to send the user's key to an endpoint of its choosing.
 LLM_SETTINGS = frozenset({
     "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop", "seed", "presence_penalty",
-    "frequency_penalty", "response_format", "logit_bias", "reasoning_effort",
+    "frequency_penalty", "response_format", "logit_bias", "reasoning_effort", "thinking", "logprobs", "top_logprobs",
 })
 
 

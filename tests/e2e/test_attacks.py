@@ -587,10 +587,21 @@ NAMED_BY_HAND = {
 }
 
 
-@pytest.mark.parametrize("how", sorted(NAMED_BY_HAND))
+PLANTED_IN_A_LIBRARY = pytest.mark.xfail(
+    strict=True,
+    reason="a library's class is taken at its word (found under its name in the module it names), so a class "
+    "a metric plants into a library module at run time is shown: a deliberate leak, like writing the labels into "
+    "a successful call's feedback, which the contract allows",
+)
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param(how, marks=PLANTED_IN_A_LIBRARY) if how == "planted_in_a_library" else how
+    for how in sorted(NAMED_BY_HAND)
+])
 def test_an_exception_type_a_metric_names_from_the_labels_by_hand_does_not_reach_the_optimizer(tmp_path, how):
     """All a class says of itself (__qualname__, __module__, __name__, where it is found) can be set at run
-    time: the type is shown only when a class statement in a source file names it."""
+    time: a class of the metric's own is shown only when a class statement in a source file names it."""
     body = ("class Base(Exception):\n    pass\n\n\n"
             "def score(input, output, expected=None):\n    L = expected['label']\n    ")
     metric = _metric(tmp_path, body + NAMED_BY_HAND[how] + "\n")
@@ -618,6 +629,9 @@ def score(input, output, expected=None):
         raise ParseError("x")
     if input["case"] == "local":
         raise LocalError("x")
+    if input["case"] == "numpy":  # a library's class that says it comes from the package, not its own file
+        import numpy
+        numpy.linalg.inv(numpy.zeros((2, 2)))
     json.loads("{")
 '''
 
@@ -626,7 +640,9 @@ def score(input, output, expected=None):
 def test_exception_types_named_in_source_still_reach_the_optimizer(tmp_path, isolation):
     path = write_metric(tmp_path, textwrap.dedent(NAMED_IN_SOURCE))
     with skynet_dspy.load_metric(str(path), isolation=isolation, timeout=TIMEOUT) as metric:
-        feedback = {case: metric.score({"case": case}, "x", {}).feedback for case in ("module", "local", "library")}
+        feedback = {case: metric.score({"case": case}, "x", {}).feedback
+                    for case in ("module", "local", "library", "numpy")}
+    assert "raised LinAlgError" in feedback["numpy"]
     assert "raised ParseError" in feedback["module"]
     assert "raised LocalError" in feedback["local"]
     assert "raised JSONDecodeError" in feedback["library"]

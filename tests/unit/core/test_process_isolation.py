@@ -95,11 +95,22 @@ def test_workers_hold_no_credential_named_otherwise_or_shaped_like_one(tmp_path,
     """Not only *_KEY / *_TOKEN: a password in a URL, a GitHub or Slack token, a webhook, *_AUTH, *_PAT."""
     for name, value in CREDENTIALS_BY_VALUE_OR_NAME.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Lovelace")  # AUTHOR is not AUTH
-    with skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC)) as metric:
+    settings = {
+        "GIT_AUTHOR_NAME": "Ada Lovelace",  # AUTHOR is not AUTH
+        "TOKENIZERS_PARALLELISM": "false",  # a credential-like name with a setting's value
+        "MAX_TOKENS_DEFAULT": "256",
+        "DATA_DIR": "/data/sk-learn-models/v1",  # "sk-" inside a path is not a key
+        "PATH": "/opt/sk-toolkit-2024/bin:" + os.environ["PATH"],
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    environment = ("import os\n\ndef score(input, output, expected=None):\n"
+                   "    return 1.0, {'feedback': 'ok', 'env': dict(os.environ)}\n")
+    with skynet_dspy.load_metric(write_metric(tmp_path, environment)) as metric:
         env = metric.score({}, 1).extra["env"]
     assert not set(CREDENTIALS_BY_VALUE_OR_NAME) & set(env)
-    assert "GIT_AUTHOR_NAME" in env and "PATH" in env
+    assert set(settings) <= set(env)  # (values that look like a key are masked on the way back, not dropped)
+    assert env["TOKENIZERS_PARALLELISM"] == "false" and env["GIT_AUTHOR_NAME"] == "Ada Lovelace"
 
 
 @pytest.mark.parametrize("isolation", ["process", "thread"])

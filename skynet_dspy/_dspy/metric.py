@@ -283,6 +283,7 @@ class Metric:
             measurement.install()
         self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
         self._warned_uncapped = False
+        self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
         self.__name__ = self.scorer.info.name
 
     # -- DSPy's side ------------------------------------------------------------------------

@@ -98,9 +98,9 @@ def gepa(
                 )
             judge.metric_lm = metric_lm
         # llm() follows the reflection model of the latest gepa(), unless the metric was loaded with its own
-        if judge.reflection_lm is None or getattr(metric, "_reflection_from_gepa", False):
+        if judge.reflection_lm is None or metric.reflection_from_gepa:
             judge.reflection_lm = reflection
-            metric._reflection_from_gepa = True
+            metric.reflection_from_gepa = True
         loaded = metric
     else:
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)

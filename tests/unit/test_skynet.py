@@ -161,15 +161,17 @@ def test_llm_and_observation_work_from_threads_the_metric_starts(tmp_path, serve
     assert result.feedback == "judged first | judged second" and result.extra["measured"] is False
 
 
-def test_a_thread_the_metric_starts_is_told_when_its_call_is_ambiguous(tmp_path):
-    """With isolation='thread' and two calls at once, a bare thread cannot know its call: a clear error."""
+@pytest.mark.parametrize("helper", ["observation()", "llm('Judge.')"])
+def test_a_thread_the_metric_starts_is_told_when_its_call_is_ambiguous(tmp_path, helper):
+    """With isolation='thread' and two calls at once, a bare thread cannot know its call: a clear error
+    (OutsideMetricCall from every helper, never a judge setup problem)."""
     import threading
 
     from support import write_metric
 
     path = write_metric(tmp_path, """
         import threading
-        from skynet import observation
+        from skynet import llm, observation
 
         both = threading.Barrier(2, timeout=10)  # one process (isolation='thread'): the two calls meet here
 
@@ -177,17 +179,17 @@ def test_a_thread_the_metric_starts_is_told_when_its_call_is_ambiguous(tmp_path)
             found = []
             def look():
                 try:
-                    observation()
+                    HELPER
                     found.append("found")
                 except Exception as exc:
-                    found.append(str(exc))
+                    found.append(type(exc).__name__ + ": " + str(exc))
             both.wait()  # both calls are in progress now
             thread = threading.Thread(target=look)
             thread.start()
             thread.join()
             both.wait()  # and stay so until both have looked
             return 1.0, {"feedback": found[0]}
-        """)
+        """.replace("HELPER", helper))
     with skynet_dspy.load_metric(path, isolation="thread") as metric:
         results = []
         calls = [threading.Thread(target=lambda: results.append(metric.score({}, 1))) for _ in range(2)]
@@ -197,4 +199,5 @@ def test_a_thread_the_metric_starts_is_told_when_its_call_is_ambiguous(tmp_path)
             call.join()
     assert len(results) == 2
     for result in results:
+        assert result.feedback.startswith("OutsideMetricCall: ")
         assert "several metric calls run at once" in result.feedback and "copy_context" in result.feedback

@@ -41,7 +41,7 @@ from ..errors import (
     judge_failure,
 )
 from ..types import Failure, Item, MetricInfo, Outcome
-from ..values import exception_text
+from ..values import check_llm_arguments, exception_text
 from . import wire
 from .handle import MAX_LLM_AT_ONCE, Gone, WorkerProcess, exit_text
 from .source import source_spec
@@ -212,11 +212,7 @@ class ProcessExecutor:
             )
         except OSError:
             self._discard(worker)
-            return Outcome(
-                failure=Failure.CRASHED,
-                detail="the metric's worker process closed its connection or stopped reading it (for longer than "
-                f"the {self.timeout:g} s timeout); a new worker takes the next call",
-            )
+            return Outcome(failure=Failure.CRASHED, detail="the metric's worker process closed its connection")
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the worker is not reused, and the run goes on
             self._discard(worker)
             return Outcome(
@@ -328,15 +324,14 @@ def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm
 
     def answer() -> None:
         instructions, input_text, settings = message.get("instructions"), message.get("input"), message.get("settings")
+        settings = settings if isinstance(settings, dict) else {}
         try:
             if message.get("call") != call_id:
                 raise LLMCallError("llm() was called after its metric call had ended")
             if llm is None:
                 raise ModelNotConfigured(NO_JUDGE_MODEL)
-            if not isinstance(instructions, str) or not (input_text is None or isinstance(input_text, str)):
-                raise LLMCallError("llm() takes instructions and input as str")
-            reply = {"kind": "llm_reply", "request": request_id,
-                     "text": str(llm(instructions, input_text, settings if isinstance(settings, dict) else {}))}
+            check_llm_arguments(instructions, input_text, settings)  # again here: a worker may write its own request
+            reply = {"kind": "llm_reply", "request": request_id, "text": str(llm(instructions, input_text, settings))}
         except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
             kind = judge_failure(exc)
             text = exception_text(exc) if kind is None else str(exc)

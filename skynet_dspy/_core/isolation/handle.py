@@ -105,7 +105,7 @@ class WorkerProcess:
             self.conn.send_bytes(data)
 
     def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; _Gone when the process is gone.
+        """The worker's next message, or None at the deadline; Gone when the process is gone.
 
         Bytes are read as they come and framed here, so a metric that writes half a frame (or a header
         announcing a gigabyte) into the worker's socket cannot make this wait past the deadline.

@@ -144,7 +144,7 @@ def _plain(frame: Any) -> Any:
     plain = pd.DataFrame(frame).copy()
     plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
     for column in plain.columns:
-        if plain[column].dtype == object:
+        if not (pd.api.types.is_numeric_dtype(plain[column]) or pd.api.types.is_bool_dtype(plain[column])):
             plain[column] = [_cell(value) for value in plain[column]]
     return plain
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from .._core import safe_text
+from .._core import safe_text, secrets
 from . import table
 
 _FAILED_ROW = "background-color: #ffebe9"
@@ -34,6 +34,11 @@ class ResultsFrame(pd.DataFrame):
     def _constructor(self) -> type[ResultsFrame]:
         return ResultsFrame
 
+    def __repr__(self) -> str:
+        """pandas' text view, safe to print: credentials masked, control characters visible, valid UTF-8 (what
+        Jupyter shows as text/plain)."""
+        return safe_text.for_terminal(secrets.redact(super().__repr__()))
+
     def _repr_html_(self) -> str | None:
         try:
             return styled_html(self)
@@ -43,7 +48,8 @@ class ResultsFrame(pd.DataFrame):
     def to_csv(self, path_or_buf: Any = None, **options: Any) -> Any:
         """DataFrame.to_csv, safe to open in a spreadsheet: a text cell or header that starts with = + - @, tab
         or carriage return (and is not a number) gets a leading `'` (OWASP); numbers stay numbers; text fields
-        are quoted (QUOTE_NONNUMERIC, unless `quoting` is given), so a line break never starts a row."""
+        are quoted (QUOTE_NONNUMERIC, unless `quoting` is given), so a line break never starts a row; credentials
+        in text are masked, as in everything the package writes."""
         options.setdefault("quoting", csv.QUOTE_NONNUMERIC)
         return csv_safe(self).to_csv(path_or_buf, **options)
 
@@ -54,23 +60,23 @@ def csv_safe(frame: pd.DataFrame) -> pd.DataFrame:
     for column in plain.columns:
         if not (pd.api.types.is_numeric_dtype(plain[column]) or pd.api.types.is_bool_dtype(plain[column])):
             plain[column] = [_csv_value(value) for value in plain[column]]
-    plain.columns = [safe_text.csv_cell(str(name)) for name in plain.columns]
+    plain.columns = [safe_text.csv_cell(secrets.redact(str(name))) for name in plain.columns]
     if not pd.api.types.is_numeric_dtype(plain.index):
-        plain.index = [safe_text.csv_cell(str(label)) for label in plain.index]
+        plain.index = [safe_text.csv_cell(secrets.redact(str(label))) for label in plain.index]
     return plain
 
 
 def _csv_value(value: Any) -> Any:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or isinstance(value, (int, float, bool)):
         return value
-    return safe_text.csv_cell(value if isinstance(value, (str, int, float, bool)) else str(value))
+    return safe_text.csv_cell(secrets.redact(value if isinstance(value, str) else str(value)))
 
 
 def _html_text(value: Any) -> str:
-    """One cell as escaped HTML text, at most HTML_CELL_LIMIT characters shown."""
+    """One cell as escaped HTML text, credentials masked, at most HTML_CELL_LIMIT characters shown."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
-    text = value if isinstance(value, str) else str(value)
+    text = secrets.redact(value if isinstance(value, str) else str(value))
     if len(text) > HTML_CELL_LIMIT:
         text = f"{text[:HTML_CELL_LIMIT]}… ({len(text) - HTML_CELL_LIMIT} more characters)"
     return safe_text.for_html(text)

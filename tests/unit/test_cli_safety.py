@@ -206,3 +206,18 @@ def test_a_six_character_password_never_shows_in_cli_output_files_or_worker_envi
     assert all(PASSWORD not in text and "worker-env=False" in text for text in files)
     everything = "\n".join(seen + files)
     assert "pw ***" in everything and "login failed with pw ***" in everything
+
+
+def test_a_megabyte_of_hostile_text_is_scored_and_written_safely(tmp_path, capsys):
+    big = "=HYPERLINK(1)" + "<script>\x1b]52;c;eA==\x07\ud83d" * 40_000
+    metric, data = write_metric(tmp_path, ECHO), _cases(tmp_path, [big, "short"])
+    out = tmp_path / "results.csv"
+    code, _, stderr = _run(capsys, "score", metric, "--data", data, "--out", out, "--threads", 2)
+    assert code == 0, stderr[-2000:]
+    csv.field_size_limit(10_000_000)
+    with out.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 and rows[0]["feedback"].startswith("'=HYPERLINK(1)<script>")
+    assert "\x1b" in rows[0]["feedback"]  # a file keeps the text (a spreadsheet shows it inert); the terminal never
+    code, out_text, err = _run(capsys, "check", metric, "--data", data, "--all")
+    assert code in (0, 1) and _raw_controls(out_text) == [] and _raw_controls(err) == []

@@ -96,3 +96,15 @@ def test_a_megabyte_of_hostile_text_is_handled_in_every_medium():
     assert "\x1b" not in safe_text.for_terminal(big)
     assert safe_text.csv_cell("=" + big).startswith("'=")
     safe_text.json_text(big).encode("utf-8")
+
+
+def test_the_package_log_records_show_control_characters_visibly(caplog):
+    import logging
+
+    from skynet_dspy._core.logs import logger
+
+    caplog.set_level(logging.WARNING, logger="skynet_dspy")
+    logger.warning("the metric said %s", "\x1b]52;c;eA==\x07\x1b[2K\rfake line\nnext")
+    message = caplog.records[-1].getMessage()
+    assert "\x1b" not in message and "\r" not in message and "\x07" not in message
+    assert message == "the metric said \\x1b]52;c;eA==\\x07\\x1b[2K\\rfake line\nnext"

@@ -222,17 +222,21 @@ def _score(args: argparse.Namespace) -> int:
         progress.close()
         metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
         kept = rows.count if rows is not None else 0
-        if rows is not None:
-            rows.close()
         where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
-        print(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the interrupt"
-              f"{where if kept else ''}", file=sys.stderr)
+        print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
+                           f"interrupt{where if kept else ''}"), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # standard output's reader went away: main() says so
     except OSError as exc:
+        if args.out is None:
+            raise
         raise UsageError(f"--out {args.out}: cannot write the rows: {exc.strerror or exc}") from None
     finally:
         progress.close()
         metric.close()
+        if rows is not None:
+            rows.close()
     summary = scoring.summarize(scored, time.perf_counter() - started)
     where = f"; rows in {args.out}" if args.out is not None else ""
     print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)

@@ -127,6 +127,7 @@ def test_log_to_mlflow_with_hostile_names_and_feedback_writes_safe_files(store, 
 
 
 PASSWORD = "hunt3r"  # six characters: masked although it is short
+LATE = "zq9x2w"
 CANARY = '''
 import os
 
@@ -147,8 +148,9 @@ def test_a_six_character_password_never_shows(tmp_path, monkeypatch, caplog):
 
         class Leak(dspy.Module):
             def forward(self, question):
-                return dspy.Prediction(answer=f"pw={PASSWORD}")
+                return dspy.Prediction(answer=f"pw={PASSWORD} {LATE}")
 
+        monkeypatch.setenv("OTHER_SERVICE_PASSWORD", LATE)  # set after the metric was loaded
         evaluation = dspy.Evaluate(devset=devset, metric=metric, display_progress=False)(Leak())
         contract = skynet_dspy.check_contract(metric, [{"input": {"question": "hi"}, "output": PASSWORD},
                                                        {"input": {"question": "boom"}, "output": PASSWORD}])
@@ -164,6 +166,6 @@ def test_a_six_character_password_never_shows(tmp_path, monkeypatch, caplog):
         skynet_dspy.load_metric(broken)
     texts += [str(raised.value), repr(raised.value)]
     everything = "\n".join(texts)
-    assert PASSWORD not in everything
-    assert "you said pw=***" in everything and "worker has it: False" in everything
+    assert PASSWORD not in everything and LATE not in everything
+    assert "you said pw=*** ***" in everything and "worker has it: False" in everything
     assert "login failed for" in everything and "cannot log in with ***" in everything

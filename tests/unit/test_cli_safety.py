@@ -144,7 +144,9 @@ def test_sigint_keeps_the_rows_scored_so_far_and_says_interrupted(tmp_path, kind
     out = tmp_path / f"results.{kind}"
     command = [sys.executable, "-m", "skynet_dspy._cli", "score", str(metric), "--data", str(data), "--out", str(out),
                "--threads", str(threads), "--timeout", "120"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # its own process group, so the jsonl run can get SIGINT as a terminal's Ctrl-C sends it: to the whole group
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the rows appear in the file while the run goes on
         if out.exists() and len(out.read_text(encoding="utf-8").splitlines()) >= (13 if kind == "csv" else 12):
@@ -155,7 +157,10 @@ def test_sigint_keeps_the_rows_scored_so_far_and_says_interrupted(tmp_path, kind
         pytest.fail("the rows were not written as the calls finished")
     time.sleep(1)  # the slow calls are running
     assert process.poll() is None
-    process.send_signal(signal.SIGINT)
+    if kind == "csv":
+        process.send_signal(signal.SIGINT)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr[-2000:]
     assert "interrupted: 12 of 40 case(s) scored" in stderr and str(out) in stderr

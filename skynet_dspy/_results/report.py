@@ -152,7 +152,7 @@ class OptimizationReport:
         if self.receipt is not None:
             parts.append(self.receipt._repr_html_())
         parts += [f"<p style='color:#6e7781'>note: {for_html(note)}</p>" for note in self.notes]
-        return secrets.redact("".join(parts) + "</div>")
+        return safe_text.valid_utf8(secrets.redact("".join(parts) + "</div>"))  # the receipt's parts too
 
     def _plot_html(self) -> str:
         import base64

@@ -25,8 +25,9 @@ import re
 from typing import Any
 
 # C0 controls but newline and tab, DEL, C1 controls (0x9b is CSI and 0x9d OSC on some terminals), and the
-# bidirectional overrides and isolates that make text read otherwise than it is stored ("Trojan source").
-_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# bidirectional overrides and isolates that make text read otherwise than it is stored ("Trojan source"); the
+# plain direction marks (U+200E, U+200F) of right-to-left text are kept.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NAMED = {"\r": "\\r", "\x0b": "\\v", "\x0c": "\\f", "\x08": "\\b", "\x00": "\\0"}
 # What a spreadsheet evaluates at the start of a cell (OWASP CSV injection): formulas, DDE, and the tab and
@@ -110,7 +111,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def json_text(value: Any, **options: Any) -> str:

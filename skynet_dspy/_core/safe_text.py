@@ -48,13 +48,15 @@ def valid_utf8(text: str) -> str:
     return text
 
 
-def _visible(found: re.Match[str]) -> str:
-    char = found[0]
-    named = _NAMED.get(char)
+def _visible(code: int) -> str:
+    named = _NAMED.get(chr(code))
     if named is not None:
         return named
-    code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+# One str.translate table (C speed on a megabyte of escapes) for the characters _TERMINAL_UNSAFE matches.
+_TERMINAL_TABLE = {code: _visible(code) for code in range(0x2070) if _TERMINAL_UNSAFE.match(chr(code))}
 
 
 def for_terminal(text: str) -> str:
@@ -63,7 +65,7 @@ def for_terminal(text: str) -> str:
     text = valid_utf8(text)
     if text.isascii() and text.isprintable():
         return text
-    return _TERMINAL_UNSAFE.sub(_visible, text)
+    return text.translate(_TERMINAL_TABLE) if _TERMINAL_UNSAFE.search(text) else text
 
 
 def for_html(value: object) -> str:
@@ -112,10 +114,11 @@ def json_safe(value: Any) -> Any:
 
 
 _JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_JSON_TABLE = {code: f"\\u{code:04x}" for code in range(0x2070) if _JSON_UNSAFE.match(chr(code))}
 
 
 def json_text(value: Any, **options: Any) -> str:
     """`json.dumps(value, ensure_ascii=False, **options)`, valid UTF-8, with DEL, C1 controls, line separators
     and bidi overrides written as `\\uXXXX` escapes (json escapes the C0 controls itself), so it prints safely."""
     text = json.dumps(json_safe(value), ensure_ascii=False, **options)
-    return _JSON_UNSAFE.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
+    return text.translate(_JSON_TABLE) if _JSON_UNSAFE.search(text) else text

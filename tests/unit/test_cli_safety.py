@@ -187,6 +187,7 @@ def score(input, output, expected=None):
 '''
 
 
+@pytest.mark.slow
 def test_a_six_character_password_never_shows_in_cli_output_files_or_worker_environments(tmp_path):
     metric = write_metric(tmp_path, CANARY)
     data = tmp_path / "cases.jsonl"

@@ -2,7 +2,8 @@
 `skynet-dspy score METRIC.py --data OUTPUTS.jsonl [--out results.csv|.jsonl] [--threads N]`.
 
 Exit codes: check: 0 the contract holds, 1 it is broken; score: 0 every call worked, 1 some failed (or the
-metric does not load); both: 2 bad arguments or unreadable files, 130 interrupted.
+metric does not load); both: 2 bad arguments or unreadable files, 130 interrupted (score keeps the rows scored
+so far). Everything printed is safe for a terminal (_core/safe_text.py): a model's text cannot drive it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from ._core import secrets
 from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
+from ._core.safe_text import for_terminal
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -202,30 +204,73 @@ def _score(args: argparse.Namespace) -> int:
     try:
         metric = load_metric(args.metric, measure=False, workers=args.threads, **options)
     except (MetricLoadError, RewardSpecError, WorkerError) as exc:
-        print(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}"),
+        print(for_terminal(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}")),
               file=sys.stderr)
         return EXIT_BROKEN
     progress = _progress("skynet-dspy score", "cases")
     progress.update(0, len(cases))
+    rows: Any = None
     started = time.perf_counter()
     try:
+        rows = _row_sink(args.out, kind)
         with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the rows
-            scored = scoring.score_cases(metric, cases, threads=args.threads, progress=progress.advance)
+            scored = scoring.score_cases(
+                metric, cases, threads=args.threads, progress=progress.advance, on_scored=rows.add
+            )
+        rows.finish()
+    except KeyboardInterrupt:
+        progress.close()
+        metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
+        kept = rows.count if rows is not None else 0
+        where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
+        print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
+                           f"interrupt{where if kept else ''}"), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # standard output's reader went away: main() says so
+    except OSError as exc:
+        if args.out is None:
+            raise
+        raise UsageError(f"--out {args.out}: cannot write the rows: {exc.strerror or exc}") from None
     finally:
         progress.close()
         metric.close()
+        if rows is not None:
+            rows.close()
     summary = scoring.summarize(scored, time.perf_counter() - started)
-    if args.out is None:
-        scoring.write_jsonl(sys.stdout, scored)
-    else:
-        try:
-            with open(args.out, "w", encoding="utf-8", newline="") as handle:
-                (scoring.write_csv if kind == "csv" else scoring.write_jsonl)(handle, scored)
-        except OSError as exc:
-            raise UsageError(f"--out {args.out}: cannot write the rows: {exc.strerror or exc}") from None
     where = f"; rows in {args.out}" if args.out is not None else ""
-    print(f"skynet-dspy score: {summary}{where}", file=sys.stderr)
+    print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)
     return EXIT_BROKEN if summary.failed else EXIT_OK
+
+
+class _StdoutRows:
+    """Rows on standard output as JSONL, each line flushed as its call finishes (in the order calls finish)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream  # the real standard output, taken before the metric's prints are sent to stderr
+        self.count = 0
+
+    def add(self, item: Any) -> None:
+        from ._results import scoring
+
+        scoring.write_jsonl(self.stream, [item])
+        self.stream.flush()
+        self.count += 1
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _row_sink(out: Path | None, kind: str | None) -> Any:
+    """Where the rows go as they are scored: the --out file (CSV or JSONL), or standard output."""
+    from ._results import scoring
+
+    if out is None:
+        return _StdoutRows(sys.stdout)
+    return scoring.RowFile(out, kind or "jsonl")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _score(args) if args.command == "score" else _check(args)
     except (UsageError, DataError, ValueError, TypeError) as exc:  # check_contract's errors name a bad option or case
-        print(secrets.redact(f"skynet-dspy: error: {exc}"), file=sys.stderr)
+        print(for_terminal(secrets.redact(f"skynet-dspy: error: {exc}")), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("skynet-dspy: interrupted", file=sys.stderr)

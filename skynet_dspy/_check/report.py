@@ -1,18 +1,18 @@
 """The contract check's report: one line per item, the calls it made, a verdict; as text, HTML and JSON.
 
-Every text is redacted before it is escaped or wrapped, so no credential survives in any form.
+Every text is redacted before it is escaped or wrapped, so no credential survives in any form; then made safe
+for where it goes (_core/safe_text.py): control characters visible in the text, escaped in HTML, valid UTF-8
+everywhere (a lone surrogate in a case never loses the report).
 """
 
 from __future__ import annotations
 
-import html
-import json
 import textwrap
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .._core import secrets
+from .._core import safe_text, secrets
 from .._core.types import Failure, Item, Result, Status
 from .._core.values import clip
 
@@ -150,18 +150,18 @@ class ContractReport:
             lines.append(f"  {'call'.ljust(label_width)}  {'score'.ljust(score_width)}  feedback")
             for call in self.calls:
                 shown = _score_text(call.result).ljust(score_width)
-                first, *rest = _feedback_lines(secrets.redact(call.result.feedback), room)
+                first, *rest = _feedback_lines(safe_text.for_terminal(secrets.redact(call.result.feedback)), room)
                 lines.append(f"  {call.label.ljust(label_width)}  {shown}  {first}".rstrip())
                 lines.extend(under + line for line in rest)
         lines.append("")
         lines.append(self.verdict)
-        return secrets.redact("\n".join(lines))
+        return safe_text.for_terminal(secrets.redact("\n".join(lines)))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         def cell(text: str, style: str = "") -> str:
-            return f"<td style='{_CELL};{style}'>{html.escape(secrets.redact(text))}</td>"
+            return f"<td style='{_CELL};{style}'>{safe_text.for_html(secrets.redact(text))}</td>"
 
         rows = "".join(
             f"<tr>{cell(item.name)}{cell(str(item.status), f'color:{_COLORS[item.status]};font-weight:bold')}"
@@ -182,14 +182,14 @@ class ContractReport:
         )
         color = _COLORS[Status.FAILED] if not self.ok else _COLORS[Status.PASSED]
         return (
-            f"<div><p><b>{html.escape(secrets.redact(self.heading))}</b>: "
-            f"<span style='color:{color}'>{html.escape(secrets.redact(self.verdict))}</span></p>"
+            f"<div><p><b>{safe_text.for_html(secrets.redact(self.heading))}</b>: "
+            f"<span style='color:{color}'>{safe_text.for_html(secrets.redact(self.verdict))}</span></p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{calls_table}</div>"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data (what `skynet-dspy check --json` prints)."""
-        return {
+        """The report as plain data (what `skynet-dspy check --json` prints); every string valid UTF-8."""
+        return safe_text.json_safe({
             "metric": secrets.redact(self.metric),
             "ok": self.ok,
             "verdict": self.verdict,
@@ -205,10 +205,11 @@ class ContractReport:
                  "feedback": secrets.redact(call.result.feedback), "seconds": round(call.seconds, 4)}
                 for call in self.calls
             ],
-        }
+        })
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, indent=2)
+        """The report as JSON: valid UTF-8, no raw control byte (safe to print)."""
+        return safe_text.json_text(self.to_dict(), indent=2)
 
 
 def _wrap(message: str, head: str, indent: str) -> list[str]:

@@ -1,7 +1,9 @@
 """The package's logger, "skynet_dspy", whose every record is redacted before any handler sees it.
 
 A filter on the logger masks credentials in the formatted message (and in an exception or stack text,
-when a record has one), so no log line the package emits shows a key, whoever configured the handlers.
+when a record has one), so no log line the package emits shows a key, whoever configured the handlers; and it
+shows control characters as visible escapes (safe_text.for_terminal), so a logged message a metric or a model
+wrote cannot drive the terminal the log is printed on.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 import traceback
 
-from . import secrets
+from . import safe_text, secrets
 
 LOGGER_NAME = "skynet_dspy"
 
@@ -22,10 +24,11 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a record whose args do not fit its format: leave it to the handler's own error
             return True
-        record.msg, record.args = secrets.redact(message), None
+        record.msg, record.args = safe_text.for_terminal(secrets.redact(message)), None
         if record.exc_info and not record.exc_text:
             try:
-                record.exc_text = secrets.redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+                record.exc_text = safe_text.for_terminal(
+                    secrets.redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n")))
             except Exception:
                 pass
         if record.stack_info:

@@ -118,6 +118,8 @@ class Scorer:
         if self.closed:  # the caller's mistake, not the metric's: an error, never a failure scored as the metric's
             raise WorkerError(f"the metric {self.info.label} was closed; load it again to score more")
         outcome = self.executor.run(request, self.llm or _default_handler)
+        if self.closed and outcome.result is None:  # closed under the call (a Ctrl-C): not the metric's fault
+            raise WorkerError(f"the metric {self.info.label} was closed while this call ran; nothing was scored")
         with self._lock:
             self._counts["calls"] += 1
             if isinstance(request.observation, Observation):

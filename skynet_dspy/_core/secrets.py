@@ -1,8 +1,8 @@
 """Keeping credentials out of every error, log line, feedback text, repr, report and file the package writes.
 
 Redaction does not depend on knowing every key in advance. It masks:
-- the values of environment variables whose name suggests a credential (KEY, SECRET, TOKEN, PASSWORD,
-  PASSWD, CREDENTIAL in any case), read when redacting, so a key set after a metric was loaded is masked;
+- the values of environment variables whose name says they hold a credential, read when redacting, so a key
+  set after a metric was loaded is masked (the rules: `env_credential`, below; docs/safe-output.md);
 - every key given to the package (`register`), whatever its length from 4 characters;
 - common key shapes by pattern: `sk-...`, `Bearer ...`, `Basic ...`, `?api_key=...` / `&key=...` query parameters,
   URL userinfo `user:pass@`, AWS access key ids;
@@ -24,13 +24,20 @@ import threading
 
 MASK = "***"
 MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
-MIN_ENV_LENGTH = 8  # an environment value shorter than this is a setting ("false", "1"), not a key
+MIN_ENV_LENGTH = 4  # an environment credential is masked (and kept from workers) from this length
 
-# PAT and PASS only as a whole part of the name (not PATH, PASSAGE); AUTH not as in AUTHOR.
-_CREDENTIAL_NAME = re.compile(
-    r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|COOKIE|WEBHOOK|DSN|AUTH(?!OR)|(?:^|_)(?:PAT|PASS)(?:$|_)",
-    re.IGNORECASE,
-)
+# The environment-variable rules, in one place (documented in docs/safe-output.md):
+# - a name that says it is a secret (PASSWORD, PASSWD, PASS as a whole part, SECRET, CREDENTIAL): its value is
+#   a credential from MIN_ENV_LENGTH characters, whatever it looks like ("true"/"false" aside, see below);
+# - a name that says it is a key, token or authentication (KEY, TOKEN, AUTH but not AUTHOR, PAT as a whole
+#   part, COOKIE, WEBHOOK, DSN): its value is a credential from MIN_ENV_LENGTH characters unless it is plainly
+#   a setting: true/false, yes/no, on/off, or a number (TOKENIZERS_PARALLELISM=false, MAX_TOKENS=4096).
+# "true" and "false" are never masked in text: masking them would break every JSON document the package prints.
+_SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|CREDENTIAL|(?:^|_)PASS(?:$|_)", re.IGNORECASE)
+_KEY_NAME = re.compile(r"KEY|TOKEN|COOKIE|WEBHOOK|DSN|AUTH(?!OR)|(?:^|_)PAT(?:$|_)", re.IGNORECASE)
+_SETTING = re.compile(r"\s*(?:true|false|yes|no|on|off|[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*",
+                      re.IGNORECASE)
+_NEVER_MASKED = frozenset({"true", "false"})
 _SHAPES = (
     # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
@@ -77,8 +84,18 @@ _literal: re.Pattern[str] | None = None
 
 
 def is_credential_name(name: str) -> bool:
-    """True when an environment variable's name suggests it holds a credential."""
-    return bool(_CREDENTIAL_NAME.search(name))
+    """True when an environment variable's (or a setting's) name suggests it holds a credential."""
+    return bool(_SECRET_NAME.search(name) or _KEY_NAME.search(name))
+
+
+def env_credential(name: str, value: str | None) -> bool:
+    """True when the environment variable `name`=`value` holds a credential by its name (the rules above):
+    a secret-named one from MIN_ENV_LENGTH characters, a key/token/auth-named one unless its value is a setting."""
+    if not value or len(value.strip()) < MIN_ENV_LENGTH:
+        return False
+    if _SECRET_NAME.search(name):
+        return True
+    return bool(_KEY_NAME.search(name)) and not _SETTING.fullmatch(value)
 
 
 def register(secret: object) -> None:
@@ -115,7 +132,10 @@ def _pattern() -> re.Pattern[str] | None:
         names = tuple(name for name in os.environ if is_credential_name(name))
         values = tuple(os.environ.get(name) for name in names)
         secrets = set(_given)
-        secrets.update(value for value in values if value and len(value.strip()) >= MIN_ENV_LENGTH)
+        secrets.update(
+            value for name, value in zip(names, values, strict=True)
+            if value and env_credential(name, value) and value.strip().lower() not in _NEVER_MASKED
+        )
         forms = {form for secret in secrets for form in _variants(secret)}
         if forms:
             ordered = sorted(forms, key=len, reverse=True)  # longest first, so a key inside a longer one is whole
@@ -165,13 +185,13 @@ def looks_like_credential(value: str) -> bool:
 
 
 def credential_free_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """A copy of the environment for metric workers, without credentials: a variable whose name suggests one
-    and whose value is long enough to be one (TOKENIZERS_PARALLELISM=false is a setting), and a variable whose
-    value holds one (DATABASE_URL=postgres://app:PASSWORD@db, HTTPS_PROXY=http://user:PASSWORD@proxy)."""
+    """A copy of the environment for metric workers, without credentials: a variable that holds one by its name
+    (`env_credential`: MY_SERVICE_PASSWORD=hunter; TOKENIZERS_PARALLELISM=false is a setting and stays), and a
+    variable whose value holds one (DATABASE_URL=postgres://app:PASSWORD@db, HTTPS_PROXY=http://u:PASSWORD@proxy)."""
     source = os.environ if environ is None else environ
     return {
         name: value for name, value in source.items()
-        if not ((is_credential_name(name) and len(value) >= MIN_ENV_LENGTH) or looks_like_credential(value))
+        if not (env_credential(name, value) or looks_like_credential(value))
     }
 
 

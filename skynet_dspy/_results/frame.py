@@ -14,7 +14,8 @@ def results_frame(evaluation: Any, *, include_expected: bool = False) -> Any:
     Columns: the example's input fields, the output (`output`, or `output.NAME` for several fields), `score`,
     one column per named score, `feedback`, `failure` (the failure kind, "" when the call worked) and, when
     the runs were measured, `run_ms`, `cost_usd` and `model_calls`. Expected values (`expected.NAME`) only with
-    `include_expected=True`. In Jupyter, failures and low scores stand out; `.to_csv()` writes plain numbers.
+    `include_expected=True`. In Jupyter, failures and low scores stand out, and every cell, header and index label
+    is escaped; `.to_csv()` writes plain numbers and no cell a spreadsheet would evaluate (docs/safe-output.md).
     Needs pandas (the [report] or [notebooks] extra).
     """
     if not isinstance(include_expected, bool):

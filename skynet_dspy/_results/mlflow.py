@@ -3,16 +3,18 @@
 MLflow keeps a metric's score and feedback; this adds the named scores (their means as run metrics, and per
 example in the results table next to score and feedback), the judge's usage, the cost receipt, and the
 contract report and the per-example table as artifacts. Explicit, not automatic: autolog opens and closes
-its own run per evaluation, so the user says which run the figures belong to.
+its own run per evaluation, so the user says which run the figures belong to. Every file it writes is safe to
+open: results.csv through ResultsFrame.to_csv (no cell a spreadsheet evaluates), JSON valid UTF-8, the plot
+drawn literally (_core/safe_text.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
 
+from .._core import safe_text
 from .extras import require
 
 ARTIFACTS = "skynet"  # the artifact folder everything is logged under
@@ -140,19 +142,22 @@ def _plain(frame: Any) -> Any:
     import pandas as pd
 
     plain = pd.DataFrame(frame).copy()
+    plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
     for column in plain.columns:
-        if plain[column].dtype == object:
+        if not (pd.api.types.is_numeric_dtype(plain[column]) or pd.api.types.is_bool_dtype(plain[column])):
             plain[column] = [_cell(value) for value in plain[column]]
     return plain
 
 
 def _cell(value: Any) -> Any:
-    if value is None or isinstance(value, (str, bool, int, float)):
+    if isinstance(value, str):
+        return safe_text.valid_utf8(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     try:
-        return json.dumps(value, ensure_ascii=False, default=str)
+        return safe_text.json_text(value, default=str)
     except (TypeError, ValueError):
-        return str(value)
+        return safe_text.valid_utf8(str(value))
 
 
 def _key(name: str) -> str:

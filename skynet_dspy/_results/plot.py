@@ -1,12 +1,15 @@
 """The report's plot: each candidate's validation score against the metric calls spent when GEPA found it.
 
-Drawn on a matplotlib Figure of its own (no pyplot, so no GUI backend and no global figure state).
+Drawn on a matplotlib Figure of its own (no pyplot, so no GUI backend and no global figure state). Named-score
+names are a metric's text: every label is drawn literally (no mathtext, no TeX; _core/safe_text.py), so `$$` or
+deeply nested braces draw as written instead of raising.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._core.safe_text import for_plot, literal_text
 from .extras import require
 
 
@@ -21,7 +24,7 @@ def candidates_figure(report: Any) -> Any:
     if not candidates:
         axes.text(0.5, 0.5, "no candidates to plot", ha="center", va="center", transform=axes.transAxes)
         axes.set_axis_off()
-        return figure
+        return literal_text(figure)
     calls = [c.metric_calls for c in candidates]
     scores = [c.score for c in candidates]
     best_so_far, running = [], float("-inf")
@@ -34,7 +37,7 @@ def candidates_figure(report: Any) -> Any:
     for name in dict.fromkeys(n for c in candidates for n in c.scores):
         points = [(c.metric_calls, c.scores[name]) for c in candidates if name in c.scores]
         axes.plot([x for x, _ in points], [y for _, y in points], linestyle="--", marker=".", alpha=0.6,
-                  label=f"{name} (mean)")
+                  label=f"{for_plot(name)} (mean)")
     best = report.best_candidate
     if best is not None and best.metric_calls is not None:
         axes.annotate(f"best #{best.index}: {best.score:.3f}", (best.metric_calls, best.score),
@@ -43,7 +46,7 @@ def candidates_figure(report: Any) -> Any:
         axes.axvline(report.total_metric_calls, color="#6e7781", linestyle=":", label="metric calls spent")
     axes.set_xlabel("metric calls spent when found")
     axes.set_ylabel("validation score")
-    axes.set_title(f"{report.source}: {len(report.candidates)} candidate(s)")
+    axes.set_title(f"{for_plot(report.source)}: {len(report.candidates)} candidate(s)")
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    return figure
+    return literal_text(figure)

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from .._core.safe_text import for_terminal
+
 _WIDTH = 24  # characters of the bar itself
 
 
@@ -79,7 +81,7 @@ class Progress:
         """Redraw the line now (when enabled)."""
         if not self.enabled:
             return
-        text = self.line()
+        text = for_terminal(self.line())  # a caller's label is shown as text, never as control sequences
         with self._lock:
             pad = " " * max(0, self._drawn - len(text))
             self._drawn = len(text)

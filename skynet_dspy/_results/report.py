@@ -1,18 +1,19 @@
 """skynet_dspy.report(): what a GEPA run found and what it cost, as text, HTML in Jupyter and a PNG plot.
 
 It reads GEPA's own results (a dspy.GEPA compiled program's `detailed_results`, or the GEPAResult of
-optimize_anything) and the RunRecord skynet-dspy kept of the run (for the cost receipt).
+optimize_anything) and the RunRecord skynet-dspy kept of the run (for the cost receipt). Candidate texts and
+named-score names are a model's or a metric's text: made safe for each medium by _core/safe_text.py.
 """
 
 from __future__ import annotations
 
 import difflib
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core import secrets
+from .._core import safe_text, secrets
+from .._core.safe_text import for_html
 from .._dspy.record import ATTRIBUTE, RunRecord, record_of
 from .receipt import CostReceipt
 
@@ -120,26 +121,26 @@ class OptimizationReport:
         if self.receipt is not None:
             lines.append(str(self.receipt))
         lines += [f"note: {note}" for note in self.notes]
-        return secrets.redact("\n".join(lines))
+        return safe_text.for_terminal(secrets.redact("\n".join(lines)))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         names = self._score_names()
         titles = ["#", "parents", "metric calls", "val score", *names]
-        head = "".join(f"<th>{html.escape(text)}</th>" for text in titles)
+        head = "".join(f"<th>{for_html(text)}</th>" for text in titles)
         body = "".join(
             f"<tr style='{'font-weight:bold;background:#dafbe1' if c.index == self.best else ''}'>"
-            f"<td>{c.index}</td><td>{html.escape(','.join(map(str, c.parents)) or '-')}</td>"
+            f"<td>{c.index}</td><td>{for_html(','.join(map(str, c.parents)) or '-')}</td>"
             f"<td>{'-' if c.metric_calls is None else c.metric_calls}</td><td>{c.score:.3f}</td>"
             + "".join(f"<td>{_number(c.scores.get(name))}</td>" for name in names) + "</tr>"
             for c in self.candidates
         )
-        parts = [f"<div><b>{html.escape(self.source)} run</b>: {len(self.candidates)} candidate(s)",
+        parts = [f"<div><b>{for_html(self.source)} run</b>: {len(self.candidates)} candidate(s)",
                  f"<table><tr>{head}</tr>{body}</table>"]
         if self.named_scores:
             parts.append("<p>Named scores, seed &rarr; best: " + ", ".join(
-                f"{html.escape(name)} {_number(seed)} &rarr; {_number(best)}"
+                f"{for_html(name)} {_number(seed)} &rarr; {_number(best)}"
                 for name, (seed, best) in self.named_scores.items()) + "</p>")
         difference = self.diff()
         if difference:
@@ -150,8 +151,8 @@ class OptimizationReport:
             parts.append(image)
         if self.receipt is not None:
             parts.append(self.receipt._repr_html_())
-        parts += [f"<p style='color:#6e7781'>note: {html.escape(note)}</p>" for note in self.notes]
-        return secrets.redact("".join(parts) + "</div>")
+        parts += [f"<p style='color:#6e7781'>note: {for_html(note)}</p>" for note in self.notes]
+        return safe_text.valid_utf8(secrets.redact("".join(parts) + "</div>"))  # the receipt's parts too
 
     def _plot_html(self) -> str:
         import base64
@@ -166,8 +167,8 @@ class OptimizationReport:
         return f"<img src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'/>"
 
     def to_dict(self) -> dict[str, Any]:
-        """The report in plain values (JSON-ready)."""
-        return {
+        """The report in plain values (JSON-ready: every string valid UTF-8)."""
+        return safe_text.json_safe({
             "source": self.source,
             "best": self.best,
             "total_metric_calls": self.total_metric_calls,
@@ -180,7 +181,7 @@ class OptimizationReport:
             "diff": self.diff(),
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,
             "notes": list(self.notes),
-        }
+        })
 
 
 def _number(value: float | None) -> str:
@@ -189,7 +190,7 @@ def _number(value: float | None) -> str:
 
 def _diff_line(line: str) -> str:
     color = "#1a7f37" if line.startswith("+") else "#cf222e" if line.startswith("-") else "#6e7781"
-    return f"<span style='color:{color}'>{html.escape(line)}</span>\n"
+    return f"<span style='color:{color}'>{for_html(line)}</span>\n"
 
 
 # -- building a report ---------------------------------------------------------------------------------

@@ -125,3 +125,52 @@ def test_redacted_dict_keeps_its_values_and_masks_its_repr():
 @pytest.mark.parametrize("name", ["PATH", "GIT_AUTHOR_NAME", "PASSAGE_DIR", "PATTERN", "HOME"])
 def test_names_that_only_look_like_credential_names_are_settings(name):
     assert not secrets.is_credential_name(name)
+
+
+# -- the environment rules (docs/safe-output.md): names and values ------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["MY_SERVICE_PASSWORD", "DB_PASSWD", "APP_SECRET", "GCP_CREDENTIALS", "SMTP_PASS"])
+@pytest.mark.parametrize("value", ["hunt3r", "a1b2", "123456", "yes-please"])
+def test_a_secret_named_variable_is_masked_and_kept_from_workers_from_four_characters(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    assert secrets.redact(f"x {value} y") == "x *** y"
+    assert name not in secrets.credential_free_environment()
+
+
+@pytest.mark.parametrize("name", ["SERVICE_API_KEY", "GH_TOKEN", "PROXY_AUTH", "SESSION_COOKIE", "SENTRY_DSN"])
+def test_a_key_named_variable_is_masked_from_four_characters(monkeypatch, name):
+    value = "k" + uuid.uuid4().hex[:5]  # six characters
+    monkeypatch.setenv(name, value)
+    assert secrets.redact(f"x {value} y") == "x *** y"
+    assert name not in secrets.credential_free_environment()
+
+
+@pytest.mark.parametrize("value", ["true", "False", "yes", "NO", "on", "off", "4096", "-1", "0.25", "1e3", " 12 "])
+def test_a_key_named_variable_holding_a_setting_is_neither_masked_nor_kept_from_workers(monkeypatch, value):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", value)
+    monkeypatch.setenv("MAX_TOKENS", value)
+    assert secrets.redact(f"x {value} y") == f"x {value} y"
+    environment = secrets.credential_free_environment()
+    assert environment["TOKENIZERS_PARALLELISM"] == value and environment["MAX_TOKENS"] == value
+
+
+def test_true_and_false_are_never_masked_in_text_but_a_secret_named_one_stays_out_of_workers(monkeypatch):
+    monkeypatch.setenv("SKIP_SECRET_SCAN", "true")
+    assert secrets.redact('{"ok": true}') == '{"ok": true}'
+    assert "SKIP_SECRET_SCAN" not in secrets.credential_free_environment()
+
+
+def test_three_characters_are_too_short_to_be_told_from_text(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "abc")
+    assert secrets.redact("abc abcd") == "abc abcd"
+
+
+def test_the_rules_are_one_function_and_the_name_test_keeps_its_meaning():
+    assert secrets.is_credential_name("judge_api_key") and secrets.is_credential_name("MY_SERVICE_PASSWORD")
+    assert not secrets.is_credential_name("GIT_AUTHOR_NAME") and not secrets.is_credential_name("PASSAGE_DIR")
+    assert secrets.env_credential("MY_SERVICE_PASSWORD", "hunt3r")
+    assert not secrets.env_credential("MY_SERVICE_PASSWORD", "abc")
+    assert not secrets.env_credential("GIT_AUTHOR_NAME", "Ada Lovelace")
+    assert not secrets.env_credential("HOME", "/root")
+    assert secrets.env_credential("API_KEY", "sk-x") and not secrets.env_credential("API_KEY", "on")

@@ -29,7 +29,7 @@ from .values import finite_number, whole_number
 
 ISOLATIONS = ("process", "thread")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
-_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR})
+_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.LOAD})
 
 
 def neutral_feedback(outcome: Outcome, timeout: float) -> str:
@@ -50,6 +50,13 @@ def neutral_feedback(outcome: Outcome, timeout: float) -> str:
         return (
             "Not scored: the metric's process stopped while scoring this output (it exited or crashed); "
             "this is a fault of the metric."
+        )
+    if kind is Failure.LOAD:
+        return "Not scored: the metric could not be loaded; this is a setup problem, not a fault of the output."
+    if kind is Failure.MEMORY:
+        return (
+            "Not scored: the metric's process passed its memory limit while scoring this output; "
+            "this is a limit of the setup, not a fault of the output."
         )
     if kind is Failure.OVERLOADED:
         return "Not scored: the metric was not run, because earlier calls are still stuck past their timeout."
@@ -177,9 +184,10 @@ class Scorer:
                 return
             self._logged.add(key)
         hint = f" {self.setup_hint}" if self.setup_hint and kind is Failure.JUDGE_NOT_CONFIGURED else ""
+        which = "Calls" if kind is Failure.LOAD else "Calls that need the judge"
         logger.error(
-            "skynet-dspy metric %s: %s: %s.%s Calls that need the judge score %g until this is fixed.",
-            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, self.failure_score,
+            "skynet-dspy metric %s: %s: %s.%s %s score %g until this is fixed.",
+            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, which, self.failure_score,
         )
 
     def count(self, kind: str) -> None:

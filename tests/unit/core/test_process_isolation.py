@@ -15,6 +15,7 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy._core.isolation import wire
+from skynet_dspy._core.isolation.process import START_VARIABLE
 
 PID_METRIC = """
 import os, time
@@ -22,6 +23,14 @@ def score(input, output, expected=None):
     time.sleep(input.get("sleep", 0))
     return 1.0, {"feedback": "ok", "pid": os.getpid(), "env": sorted(os.environ)}
 """
+
+
+@pytest.fixture(autouse=True, params=["template", "fresh"])
+def start_mode(request, monkeypatch) -> str:
+    """Every test here runs twice: workers forked from the template, and fresh-interpreter workers."""
+    monkeypatch.setenv(START_VARIABLE, request.param)
+    return request.param
+
 
 
 class Evil:

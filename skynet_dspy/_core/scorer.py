@@ -91,6 +91,8 @@ class Scorer:
         workers: int | None = None,
         llm: LLMHandler | None = None,
         setup_hint: str = "",
+        worker_max_calls: int | None = None,
+        worker_max_memory: int | None = None,
     ):
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
@@ -99,12 +101,22 @@ class Scorer:
             raise ValueError(f"isolation must be 'process' (the default) or 'thread', got {isolation!r}")
         if workers is not None:
             whole_number("workers", workers, minimum=1, unit="worker processes")
+        if worker_max_calls is not None:
+            whole_number("worker_max_calls", worker_max_calls, minimum=1, unit="calls")
+        if worker_max_memory is not None:
+            whole_number("worker_max_memory", worker_max_memory, minimum=2**20, unit="bytes (e.g. 500 * 2**20)")
+        if isolation != "process" and (worker_max_calls is not None or worker_max_memory is not None):
+            raise ValueError(
+                "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
+                "(leave them out, or use isolation='process')"
+            )
         self.isolation = isolation
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
         if isolation == "process":
             self.executor: Executor = ProcessExecutor(
-                source, self.timeout, self.feedback_limit, workers
+                source, self.timeout, self.feedback_limit, workers,
+                max_calls=worker_max_calls, max_memory=worker_max_memory,
             )
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)

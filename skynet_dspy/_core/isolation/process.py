@@ -108,10 +108,9 @@ class ProcessExecutor:
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
         self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
-        deadline = time.monotonic() + timeout
         if self.start_mode == "template":
-            self.info: MetricInfo = self._load_template(deadline)  # a MetricLoadError here is load_metric()'s
-        worker = self._new_worker(deadline)
+            self.info: MetricInfo = self._load_template(timeout)  # a MetricLoadError here is load_metric()'s
+        worker = self._new_worker(timeout)
         if self.start_mode == "fresh":
             self.info = worker.info  # type: ignore[assignment]
         with self._cond:
@@ -120,13 +119,14 @@ class ProcessExecutor:
 
     # -- starting workers ------------------------------------------------------------------------
 
-    def _load_template(self, deadline: float) -> MetricInfo:
-        """Import the metric in a new template; falls back to fresh workers when it cannot be forked safely."""
+    def _load_template(self, seconds: float) -> MetricInfo:
+        """Import the metric in a new template (within `seconds` of its start); falls back to fresh workers when
+        it cannot be forked safely."""
         template = Template(self._pool)
         self._helpers.append(template)
         try:
             try:
-                reply = template.load(self._spec, self.feedback_limit, deadline)
+                reply = template.load(self._spec, self.feedback_limit, time.monotonic() + seconds)
             except Gone:
                 template.kill()
                 raise MetricLoadError(
@@ -166,8 +166,9 @@ class ProcessExecutor:
             raise MetricLoadError("the metric's worker process answered the load with something else")
         return wire.info_from_plain(reply["info"])
 
-    def _new_worker(self, deadline: float) -> WorkerProcess:
-        """A new worker with the metric loaded: forked from the template, or a fresh interpreter that imports it."""
+    def _new_worker(self, seconds: float) -> WorkerProcess:
+        """A new worker with the metric loaded: forked from the template, or a fresh interpreter that imports it
+        (within `seconds` of its start)."""
         token = f"{self._pool}.{uuid.uuid4().hex}"
         if self.start_mode == "template":
             with self._helper_lock:
@@ -175,7 +176,7 @@ class ProcessExecutor:
                     if self._template is not None:
                         self._drop_helper(self._template)
                         self._template = None
-                    self._load_template(deadline)
+                    self._load_template(seconds)
                 template = self._template
             if template is not None:
                 return ForkedWorker(template, self.timeout, token)
@@ -189,7 +190,7 @@ class ProcessExecutor:
         try:
             worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
             try:
-                reply = worker.wait(deadline)
+                reply = worker.wait(time.monotonic() + seconds)
             except Gone:
                 worker.kill()
                 raise MetricLoadError(
@@ -208,7 +209,7 @@ class ProcessExecutor:
     def _grow(self) -> None:
         """Start one worker in the background; waiting calls take it, or whichever worker is idle first."""
         try:
-            worker = self._new_worker(time.monotonic() + self.start_timeout)
+            worker = self._new_worker(self.start_timeout)
         except BaseException as exc:  # noqa: BLE001 - a failed start is reported to the waiting calls
             with self._cond:
                 self._starting -= 1

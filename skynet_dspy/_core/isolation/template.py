@@ -94,6 +94,16 @@ class Template:
         self._sock = ours
         self._lock = threading.Lock()
         self.threads: list[str] = []  # threads the metric's import left running (the template is then unsafe)
+        try:  # its interpreter has started: what follows (the metric's import) is timed from here
+            ready = _receive(ours, time.monotonic() + STARTUP_TIMEOUT)
+        except (OSError, ValueError):
+            ready = None
+        if ready is None:
+            self.kill()
+            ours.close()
+            raise WorkerError(
+                f"the metric's template process did not start ({sys.executable}; its error output, if any, is above)"
+            )
 
     def request(self, message: dict[str, Any], deadline: float, fd: int | None = None) -> dict[str, Any] | None:
         """The template's answer to `message` (with `fd` passed along), None past the deadline (the template is
@@ -253,6 +263,7 @@ def main() -> None:
     if watch is not None:
         poller.register(watch, select.POLLIN)
     libc = ctypes.CDLL(None, use_errno=True)
+    _send(control, wire.to_parent({"kind": "ready"}), None)
     loaded, feedback_limit = None, 0
     workers: set[int] = set()
     try:

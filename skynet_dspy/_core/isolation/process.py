@@ -223,7 +223,7 @@ class ProcessExecutor:
             if not self._closed:
                 self._workers.add(worker)
                 self._idle.append(worker)
-                self._cond.notify()
+                self._cond.notify_all()  # one waiter takes it; the others may start more meanwhile
                 return
         worker.kill()
 
@@ -266,7 +266,7 @@ class ProcessExecutor:
         worker.kill()
         with self._cond:
             self._workers.discard(worker)
-            self._cond.notify()
+            self._cond.notify_all()  # room for a new worker: a waiting call may start one
 
     def _retire(self, worker: WorkerProcess) -> bool:
         """Whether a worker that answered its call is replaced now (worker_max_calls, worker_max_memory)."""

@@ -168,7 +168,7 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
         from benchmarks import worker_pool
 
         say(f"worker pool: a {sizes.model_mb} MiB model at import, template vs fresh interpreters ...")
-        return worker_pool.run(sizes.model_mb, min(2000, sizes.isolation_calls), 1.0)
+        return worker_pool.run(sizes.model_mb, min(2000, sizes.isolation_calls), max(1.0, sizes.model_mb / 60))
     raise ValueError(f"no benchmark {number}")
 
 

@@ -210,6 +210,17 @@ class ForkedWorker(WorkerProcess):
         """Kill the worker and what it started (as WorkerProcess.kill), then have the template reap it."""
         if self._reaped:
             return
+        if self._exited(0) and not self._template.alive:
+            # it died with the template and was reaped by init: its pid may be another process's by now, so
+            # only what carries its mark is killed
+            for pid in tree.marked(self.token):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            self._reaped = True
+            self._close()
+            return
         if not self._exited(0):
             try:
                 os.kill(self.pid, signal.SIGSTOP)

@@ -311,7 +311,7 @@ class Metric:
             self.scorer.count("memo_hits")
             return Score(entry.result.copy())._given(entry.output)
         scored = self._score_dspy(gold, pred)
-        if scored.result.failure is not Failure.OVERLOADED:  # a call never run is worth trying again
+        if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD):  # a call never run is worth trying again
             self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
         return Score(scored.result.copy())._given(scored.output)
 

@@ -1,7 +1,8 @@
 """One metric worker process, seen from the user's process: started, read from, checked, killed.
 
-The worker is a fresh interpreter (`python -c ... FD`, see worker.py) on a socket of its own, with a
-credential-free environment, in a session of its own. Nothing it sends is trusted: replies are framed and
+The worker is a fresh interpreter (`python -P -c ... FD`, see worker.py) on a socket of its own, with a
+credential-free environment and native thread pools capped, in a session of its own (a worker forked from
+the template is template.ForkedWorker, the same protocol). Nothing it sends is trusted: replies are framed and
 bounded here, so bytes a metric writes into the socket cannot make the reader wait past a deadline.
 """
 

@@ -7,9 +7,13 @@ waits at most the timeout. A worker that passes it is killed with its whole proc
 nothing a metric does can block it) and reaped; so is a worker that exits, crashes or forks. The next
 call starts a fresh one.
 
-Workers are started with `subprocess` (fork+exec of a fresh interpreter): safe beside DSPy's and
-LiteLLM's threads, and the user's own script is never re-run (multiprocessing's spawn and forkserver
-re-import the main module in every worker). Measured against pebble's ProcessPool on the same machine
+Workers are forked from a template process that imported the metric once (template.py: milliseconds per
+worker, loaded models shared), or, when that is unsafe, started as fresh interpreters (handle.py); either
+way never a fork of the user's process (DSPy's and LiteLLM's threads), and the user's own script is never
+re-run (multiprocessing's spawn and forkserver re-import the main module in every worker). A call waits for
+whichever worker is ready first, and that wait is not charged to its timeout.
+
+Measured against pebble's ProcessPool on the same machine
 (`make bench`, row 6b, benchmarks/isolation.py): pebble's round trip of a trivial function alone takes
 1.3-1.5x this module's whole call (97 vs 65 µs median, 138 vs 103 on a busier machine); its shared task
 channel would also let a process forked inside score take tasks. So this module manages its processes
@@ -100,6 +104,7 @@ class ProcessExecutor:
         self._helpers: list[Template] = []  # the template, or the warden of fresh workers
         self._template: Template | None = None
         self._starting = 0
+        self._waiting = 0  # calls waiting for a worker
         self._start_failures = 0
         self._start_error: BaseException | None = None
         self._start_failed_at = -math.inf
@@ -126,7 +131,7 @@ class ProcessExecutor:
         self._helpers.append(template)
         try:
             try:
-                reply = template.load(self._spec, self.feedback_limit, time.monotonic() + seconds)
+                reply = template.load(self._spec, self.feedback_limit, seconds)
             except Gone:
                 template.kill()
                 raise MetricLoadError(
@@ -235,24 +240,33 @@ class ProcessExecutor:
             self._forget_inherited_workers()
         deadline = time.monotonic() + self.start_timeout
         with self._cond:
+            if self._idle and not self._closed:
+                return self._idle.pop()
             failures = self._start_failures
-            while True:
-                if self._closed:
-                    raise WorkerError("this metric was closed; load it again to score more")
-                if self._idle:
-                    return self._idle.pop()
-                now = time.monotonic()
-                empty = not self._workers and not self._starting
-                if self._start_failures != failures and empty:
-                    raise MetricLoadError(f"a new worker process could not load the metric: {self._start_error}")
-                limit = _MAX_FRESH_STARTS if self.start_mode == "fresh" else self.max_workers
-                if (len(self._workers) + self._starting < self.max_workers and self._starting < limit
-                        and (empty or now - self._start_failed_at > _GROWTH_PAUSE)):
-                    self._starting += 1
-                    threading.Thread(target=self._grow, name="skynet-worker-start", daemon=True).start()
-                if now >= deadline:
-                    raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
-                self._cond.wait(min(deadline - now, _GROWTH_PAUSE))
+            self._waiting += 1
+            try:
+                while True:
+                    if self._closed:
+                        raise WorkerError("this metric was closed; load it again to score more")
+                    if self._idle:
+                        return self._idle.pop()
+                    now = time.monotonic()
+                    empty = not self._workers and not self._starting
+                    if self._start_failures != failures and empty:
+                        raise MetricLoadError(
+                            f"a new worker process could not load the metric: {self._start_error}"
+                        )
+                    # one start in flight per waiting call at most: the pool grows to the concurrency used
+                    limit = min(self._waiting, _MAX_FRESH_STARTS if self.start_mode == "fresh" else self.max_workers)
+                    if (len(self._workers) + self._starting < self.max_workers and self._starting < limit
+                            and (empty or now - self._start_failed_at > _GROWTH_PAUSE)):
+                        self._starting += 1
+                        threading.Thread(target=self._grow, name="skynet-worker-start", daemon=True).start()
+                    if now >= deadline and len(self._workers) < self.max_workers:  # a full pool: wait for a worker
+                        raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
+                    self._cond.wait(min(deadline - now, _GROWTH_PAUSE) if deadline > now else _GROWTH_PAUSE)
+            finally:
+                self._waiting -= 1
 
     def _release(self, worker: WorkerProcess) -> None:
         with self._cond:
@@ -421,7 +435,7 @@ class ProcessExecutor:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""
         self._cond = threading.Condition()
         self._helper_lock = threading.Lock()
-        self._idle, self._workers, self._loading, self._starting = [], set(), set(), 0
+        self._idle, self._workers, self._loading, self._starting, self._waiting = [], set(), set(), 0, 0
         self._helpers, self._template = [], None  # a new template starts with the next worker
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex

@@ -105,15 +105,15 @@ class Template:
                 f"the metric's template process did not start ({sys.executable}; its error output, if any, is above)"
             )
 
-    def request(self, message: dict[str, Any], deadline: float, fd: int | None = None) -> dict[str, Any] | None:
-        """The template's answer to `message` (with `fd` passed along), None past the deadline (the template is
-        then killed: its answer would come out of turn); Gone when it exited."""
+    def request(self, message: dict[str, Any], seconds: float, fd: int | None = None) -> dict[str, Any] | None:
+        """The template's answer to `message` (with `fd` passed along), None after `seconds` (the template is
+        then killed: its answer would come out of turn); Gone when it exited. One request at a time."""
         with self._lock:
             if self.proc.poll() is not None:
                 raise Gone
             try:
                 _send(self._sock, wire.to_worker(message), fd)
-                data = _receive(self._sock, deadline)
+                data = _receive(self._sock, time.monotonic() + seconds)
             except TimeoutError:
                 self.kill()
                 return None
@@ -129,9 +129,9 @@ class Template:
             raise Gone
         return reply
 
-    def load(self, spec: dict[str, Any], feedback_limit: int, deadline: float) -> dict[str, Any] | None:
-        """Import the metric in the template: its `loaded`/`load_failed` reply, None past the deadline."""
-        reply = self.request({"kind": "load", "spec": spec, "feedback_limit": feedback_limit}, deadline)
+    def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float) -> dict[str, Any] | None:
+        """Import the metric in the template: its `loaded`/`load_failed` reply, None after `seconds`."""
+        reply = self.request({"kind": "load", "spec": spec, "feedback_limit": feedback_limit}, seconds)
         if reply is not None and isinstance(reply.get("threads"), list):
             self.threads = [str(name) for name in reply["threads"]]
         return reply
@@ -139,7 +139,7 @@ class Template:
     def reap(self, pid: int) -> int | None:
         """Collect a worker that exited (the template is its parent): its exit status as Popen gives it."""
         try:
-            reply = self.request({"kind": "reap", "pid": pid}, time.monotonic() + _REQUEST_TIMEOUT)
+            reply = self.request({"kind": "reap", "pid": pid}, _REQUEST_TIMEOUT)
         except Gone:
             return None
         status = reply.get("status") if reply else None
@@ -181,7 +181,7 @@ class ForkedWorker(WorkerProcess):
         self._reaped = False
         try:
             reply = template.request(
-                {"kind": "fork", "token": token}, time.monotonic() + _REQUEST_TIMEOUT, theirs.fileno()
+                {"kind": "fork", "token": token}, _REQUEST_TIMEOUT, theirs.fileno()
             )
         except Gone:
             reply = None
@@ -295,9 +295,14 @@ def main() -> None:
                 reply["threads"] = _other_threads()
                 gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
             elif kind == "fork" and fds:
-                pid = _fork(fds[0], message["token"], loaded, feedback_limit, libc, [control.fileno(), watch])
-                workers.add(pid)
-                reply = {"kind": "forked", "pid": pid}
+                try:
+                    pid = _fork(fds[0], message["token"], loaded, feedback_limit, libc, [control.fileno(), watch])
+                except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
+                    _close(fds[0])
+                    reply = {"kind": "error", "message": str(exc)}
+                else:
+                    workers.add(pid)
+                    reply = {"kind": "forked", "pid": pid}
             elif kind == "reap" and message.get("pid") in workers:
                 workers.discard(message["pid"])
                 reply = {"kind": "reaped", "status": _reap(message["pid"])}

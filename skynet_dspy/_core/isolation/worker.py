@@ -1,7 +1,8 @@
 """The metric worker process: loads one metric and runs its calls, one at a time, for the user's process.
 
-Started by process.py as `python -c "from skynet_dspy._core.isolation.worker import main; main()" FD`,
-with a credential-free environment, in a session of its own. It imports the DSPy-free core, the metric
+Started by handle.py as `python -P -c "...; from skynet_dspy._core.isolation.worker import main; main()" FD`,
+or forked from the template with the metric loaded (template.py, then `run`), with a credential-free
+environment, in a session of its own. It imports the DSPy-free core, the metric
 and what the metric imports: never dspy or litellm. Everything the metric returns is validated here and
 only plain values go back (wire.py). llm() is sent to the user's process, which holds the judge and its
 keys. A fork inside score is caught: the child exits the moment it is back in this module, and the

@@ -113,9 +113,13 @@ class ProcessExecutor:
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
         self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
-        if self.start_mode == "template":
-            self.info: MetricInfo = self._load_template(timeout)  # a MetricLoadError here is load_metric()'s
-        worker = self._new_worker(timeout)
+        try:
+            if self.start_mode == "template":
+                self.info: MetricInfo = self._load_template(timeout)  # a MetricLoadError here is load_metric()'s
+            worker = self._new_worker(timeout)
+        except BaseException:
+            self._finalizer()  # the template or warden started so far goes now, not when this is collected
+            raise
         if self.start_mode == "fresh":
             self.info = worker.info  # type: ignore[assignment]
         with self._cond:

@@ -195,3 +195,31 @@ def test_a_metric_that_can_no_longer_load_fails_calls_as_load_not_crashed(tmp_pa
         )
         assert "the model file is gone" in failed.detail
         assert metric.stats["crashed"] == 0
+
+
+def _our_helpers() -> list[int]:
+    """Live children of this process running the template (or the warden of fresh workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"isolation.template" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_a_metric_that_fails_to_load_leaves_no_template_behind(tmp_path, start_mode):
+    path = write_metric(tmp_path, "raise RuntimeError('no model here')\n")
+    before = _our_helpers()
+    with pytest.raises(skynet_dspy.MetricLoadError, match="no model here"):
+        skynet_dspy.load_metric(str(path), timeout=10)
+    assert _our_helpers() == before
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, ENV_METRIC, "good.py"), timeout=10)
+    assert len(_our_helpers()) == len(before) + 1  # one template (or warden) per pool
+    metric.close()
+    assert _our_helpers() == before

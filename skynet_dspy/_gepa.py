@@ -281,7 +281,7 @@ class Evaluator:
 
 # Failures that say nothing of the candidate (the metric was not run, or a spending cap refused the calls):
 # GEPA's evaluation cache must not keep them, and this side_info key is how its adapter is told so.
-_NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP})
+_NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP, Failure.LOAD})
 
 
 def _side_info(result: Result) -> tuple[float, dict[str, Any]]:

@@ -29,7 +29,7 @@ from .values import finite_number, whole_number
 
 ISOLATIONS = ("process", "thread")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
-_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR})
+_SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.LOAD})
 
 
 def neutral_feedback(outcome: Outcome, timeout: float) -> str:
@@ -50,6 +50,13 @@ def neutral_feedback(outcome: Outcome, timeout: float) -> str:
         return (
             "Not scored: the metric's process stopped while scoring this output (it exited or crashed); "
             "this is a fault of the metric."
+        )
+    if kind is Failure.LOAD:
+        return "Not scored: the metric could not be loaded; this is a setup problem, not a fault of the output."
+    if kind is Failure.MEMORY:
+        return (
+            "Not scored: the metric's process passed its memory limit while scoring this output; "
+            "this is a limit of the setup, not a fault of the output."
         )
     if kind is Failure.OVERLOADED:
         return "Not scored: the metric was not run, because earlier calls are still stuck past their timeout."
@@ -84,6 +91,8 @@ class Scorer:
         workers: int | None = None,
         llm: LLMHandler | None = None,
         setup_hint: str = "",
+        worker_max_calls: int | None = None,
+        worker_max_memory: int | None = None,
     ):
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
@@ -92,12 +101,22 @@ class Scorer:
             raise ValueError(f"isolation must be 'process' (the default) or 'thread', got {isolation!r}")
         if workers is not None:
             whole_number("workers", workers, minimum=1, unit="worker processes")
+        if worker_max_calls is not None:
+            whole_number("worker_max_calls", worker_max_calls, minimum=1, unit="calls")
+        if worker_max_memory is not None:
+            whole_number("worker_max_memory", worker_max_memory, minimum=2**20, unit="bytes (e.g. 500 * 2**20)")
+        if isolation != "process" and (worker_max_calls is not None or worker_max_memory is not None):
+            raise ValueError(
+                "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
+                "(leave them out, or use isolation='process')"
+            )
         self.isolation = isolation
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
         if isolation == "process":
             self.executor: Executor = ProcessExecutor(
-                source, self.timeout, self.feedback_limit, workers
+                source, self.timeout, self.feedback_limit, workers,
+                max_calls=worker_max_calls, max_memory=worker_max_memory,
             )
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)
@@ -179,9 +198,10 @@ class Scorer:
                 return
             self._logged.add(key)
         hint = f" {self.setup_hint}" if self.setup_hint and kind is Failure.JUDGE_NOT_CONFIGURED else ""
+        which = "Calls" if kind is Failure.LOAD else "Calls that need the judge"
         logger.error(
-            "skynet-dspy metric %s: %s: %s.%s Calls that need the judge score %g until this is fixed.",
-            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, self.failure_score,
+            "skynet-dspy metric %s: %s: %s.%s %s score %g until this is fixed.",
+            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, which, self.failure_score,
         )
 
     def count(self, kind: str) -> None:

@@ -18,6 +18,8 @@ class Failure(StrEnum):
     INVALID = "invalid"  # the return value broke the contract (SPEC §2)
     MISSING_FIELD = "missing_field"  # the prediction lacks an output field the user named
     CRASHED = "crashed"  # the metric's worker process died (exit, signal, crash) or forked
+    LOAD = "load"  # no worker process could load the metric any more (a setup problem, not the output's fault)
+    MEMORY = "memory"  # the call's worker process passed worker_max_memory and was replaced
     OVERLOADED = "overloaded"  # thread isolation only: too many earlier calls still stuck
     JUDGE_NOT_CONFIGURED = "judge_not_configured"  # llm() had no model to call
     JUDGE_ERROR = "judge_error"  # llm() failed: a refused key, retries used up

@@ -251,6 +251,8 @@ class Metric:
         memo_size: int = DEFAULT_MEMO_SIZE,
         isolation: str = "process",
         workers: int | None = None,
+        worker_max_calls: int | None = None,
+        worker_max_memory: int | None = None,
         measure: bool | None = None,
         max_judge_cost_usd: float | None = None,
         max_program_cost_usd: float | None = None,
@@ -274,6 +276,7 @@ class Metric:
         self.scorer = Scorer(
             source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
             isolation=isolation, workers=workers, llm=self.judge,
+            worker_max_calls=worker_max_calls, worker_max_memory=worker_max_memory,
         )
         self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
         self.program_cap = program_cap
@@ -308,7 +311,7 @@ class Metric:
             self.scorer.count("memo_hits")
             return Score(entry.result.copy())._given(entry.output)
         scored = self._score_dspy(gold, pred)
-        if scored.result.failure is not Failure.OVERLOADED:  # a call never run is worth trying again
+        if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD):  # a call never run is worth trying again
             self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
         return Score(scored.result.copy())._given(scored.output)
 
@@ -517,7 +520,9 @@ def load_metric(source: Any, **options: Any) -> Metric:
     to_output (prediction -> output), metric_lm and reflection_lm (for llm()), judge_cache (True:
     memory, a folder, a redis:// URL, False), judge_cache_size (bytes on disk), feedback_limit (20,000
     characters), memo_size (4096), isolation ("process", the default, or "thread"), workers (the most
-    worker processes), measure (None: when the metric uses reward/observation/service_cost),
+    worker processes), worker_max_calls and worker_max_memory (replace a worker after that many calls, or
+    once it holds that many bytes of its own; off by default, see docs/worker-pool.md), measure (None:
+    when the metric uses reward/observation/service_cost),
     max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
     reaches one, those model calls are refused and `metric.stop_callback` stops GEPA).
     """

@@ -28,9 +28,18 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy import Failure
+from skynet_dspy._core.isolation.process import START_VARIABLE
 
 TIMEOUT = 1.0
 SLACK = 4.0  # seconds past the timeout a call may take on a loaded 2-core machine (a new worker starts)
+
+
+@pytest.fixture(autouse=True, params=["template", "fresh"])
+def start_mode(request, monkeypatch) -> str:
+    """Every test here runs twice: workers forked from the template, and fresh-interpreter workers."""
+    monkeypatch.setenv(START_VARIABLE, request.param)
+    return request.param
+
 
 # Finds the call id of the call in progress (the worker's own frame) and writes a frame of our choosing to
 # the worker's socket: what any metric can do, since the socket is an inherited descriptor.
@@ -47,6 +56,12 @@ def _call_id():
 
 def _raw(data):
     os.write(int(sys.argv[1]), data)
+
+def _users_process():  # the worker's parent, or the template's parent when the worker was forked from one
+    pid = os.getppid()
+    while b"skynet_dspy._core.isolation" in open(f"/proc/{pid}/cmdline", "rb").read():
+        pid = int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
+    return pid
 
 def forge(outcome):
     data = pickle.dumps({"kind": "outcome", "call": _call_id(), "outcome": outcome, "retire": False}, protocol=5)
@@ -701,7 +716,7 @@ def test_bulky_extra_values_are_bounded_so_the_call_ends_in_about_its_timeout(tm
 
 KILLS_PARENT = '''
 def score(input, output, expected=None):
-    os.kill(os.getppid(), signal.SIGTERM)
+    os.kill(_users_process(), signal.SIGTERM)
     return 1.0, {"feedback": "ok"}
 '''
 
@@ -721,7 +736,7 @@ def test_a_metric_cannot_kill_the_users_process(tmp_path):
 
 READS_PARENT = '''
 def score(input, output, expected=None):
-    environ = open(f"/proc/{os.getppid()}/environ", "rb").read()
+    environ = open(f"/proc/{_users_process()}/environ", "rb").read()
     return 1.0, {"feedback": "ok", "seen": b"ATTACK_API_KEY=" in environ}
 '''
 

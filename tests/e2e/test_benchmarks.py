@@ -49,13 +49,14 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 '| 1b. Per-call overhead, `metric(gold, pred)`, isolation="thread"', "| 2. Judge requests per",
                 "| 3. `dspy.Evaluate`", "| 4. Memory", "| 5. `dspy.Predict` on `DummyLM`",
                 "| 6. Per-call overhead of the isolation", "| 7. CPU-bound metric", "| 8a. Judge cache on disk",
-                "| 8b. Judge cache in Redis"):
+                "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
+                "| 9d. Worker pool"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 10 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 14 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -249,11 +250,25 @@ def test_memory_row_reads_rss_through_the_whole_loop(quick):
     assert memory["target_met"] == (memory["second_half_growth_mb"] < memory["flat_mb"])
 
 
+def test_the_worker_pool_row_compares_both_start_modes_with_8_workers_each(quick):
+    doc, _ = quick
+    pool = doc["worker_pool"]
+    assert pool["template"]["start_mode"] == "template" and pool["fresh"]["start_mode"] == "fresh"
+    for mode in ("template", "fresh"):
+        part = pool[mode]
+        assert part["memory"]["workers"] == 8  # the pool grew to 8 workers in both modes
+        assert all(_finite_positive(part[key]) for key in ("import_s", "ready_s", "overhead_us"))
+        assert part["replace_ms"] >= 0
+        assert part["memory"]["pool_pss"] == part["memory"]["helpers_pss"] + part["memory"]["workers_pss"]
+    # the workers share the template's pages: together they hold less than fresh workers each importing it
+    assert pool["template"]["memory"]["workers_pss"] < pool["fresh"]["memory"]["workers_pss"]
+
+
 def test_bad_sizes_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--only", "9"])
+        bench.main(["--only", "10"])
     assert exit_info.value.code == 2
-    assert "--only takes benchmark numbers 1-8" in capsys.readouterr().err
+    assert "--only takes benchmark numbers 1-9" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--threads", "0,2"])
     assert "threads must be at least 1" in capsys.readouterr().err

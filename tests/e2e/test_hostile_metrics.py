@@ -22,8 +22,17 @@ import pytest
 
 import skynet_dspy
 from skynet_dspy import Failure
+from skynet_dspy._core.isolation.process import START_VARIABLE
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True, params=["template", "fresh"])
+def start_mode(request, monkeypatch) -> str:
+    """Every test here runs twice: workers forked from the template, and fresh-interpreter workers."""
+    monkeypatch.setenv(START_VARIABLE, request.param)
+    return request.param
+
 
 # case -> the failure kind its call must end in (None: it scores normally)
 HOSTILE = {

@@ -1,12 +1,14 @@
 """One metric worker process, seen from the user's process: started, read from, checked, killed.
 
-The worker is a fresh interpreter (`python -c ... FD`, see worker.py) on a socket of its own, with a
-credential-free environment, in a session of its own. Nothing it sends is trusted: replies are framed and
+The worker is a fresh interpreter (`python -P -c ... FD`, see worker.py) on a socket of its own, with a
+credential-free environment and native thread pools capped, in a session of its own (a worker forked from
+the template is template.ForkedWorker, the same protocol). Nothing it sends is trusted: replies are framed and
 bounded here, so bytes a metric writes into the socket cannot make the reader wait past a deadline.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import select
@@ -29,7 +31,19 @@ from . import tree, wire
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
-_WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
+PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker appends after its own (JSON)
+# Run first in every process that runs score (started with -P: no current directory or script folder first):
+# the user's import path is appended after the standard library and site-packages, never ahead of them.
+BOOT_CODE = (
+    f"import json, os, sys; sys.path += [p for p in json.loads(os.environ.pop({PATH_VARIABLE!r}, '[]')) "
+    "if p not in sys.path]; "
+)
+_WORKER_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.worker import main; main()"
+# Native thread pools a metric's libraries start at import, capped at one thread per worker unless the user set
+# them (as loky and joblib do): N workers x all cores would oversubscribe the machine, and a pool's threads make
+# the template unsafe to fork.
+THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
 _READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
 _NO_MESSAGE = object()  # no whole message received yet
 
@@ -54,22 +68,20 @@ def exit_text(returncode: int | None) -> str:
 class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
-    def __init__(self, send_timeout: float) -> None:
+    def __init__(self, send_timeout: float, token: str | None = None) -> None:
         ours, theirs = socket.socketpair()
-        # A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever:
-        # a send that waits longer than this fails (OSError), and the worker is replaced.
-        seconds, fraction = divmod(max(send_timeout, 0.001), 1.0)
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6)))
-        self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
+        set_send_timeout(ours, send_timeout)
+        # marks the worker's environment, so its orphans can be found (tree.py)
+        self.token = token or uuid.uuid4().hex
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())],
+                [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
-                env={**_worker_environment(), tree.MARK: self.token},
+                env={**worker_environment(), tree.MARK: self.token},
                 cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL,
-                stdout=_stream(),
-                stderr=_stream(),
+                stdout=output_stream(),
+                stderr=output_stream(),
                 start_new_session=True,  # its own process group: killing it kills what it forked
             )
         except OSError as exc:
@@ -77,9 +89,19 @@ class WorkerProcess:
             raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
         finally:
             theirs.close()
+        self._attach(ours, self.proc.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        """How the process ended (as Popen says it), None while it runs or when unknown."""
+        return self.proc.returncode
+
+    def _attach(self, ours: socket.socket, pid: int) -> None:
+        """Take the worker's socket and wait for it to say it is ready."""
         self.conn = Connection(ours.detach())
         self.send_lock = threading.Lock()
-        self.pid = self.proc.pid
+        self.pid = pid
+        self.calls = 0  # calls it has answered (for worker_max_calls)
         self._pidfd = _pidfd(self.pid)
         self._poller = select.poll()
         self._poller.register(self.conn.fileno(), select.POLLIN)
@@ -96,7 +118,7 @@ class WorkerProcess:
         if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
             self.kill()
             raise WorkerError(
-                f"a metric worker process did not start ({exit_text(self.proc.returncode)}; its error output, "
+                f"a metric worker process did not start ({exit_text(self.returncode)}; its error output, "
                 "if any, is above)"
             )
 
@@ -220,6 +242,32 @@ class WorkerProcess:
             self._pidfd = None
 
 
+def set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    """A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever: a send
+    that waits longer than this fails (OSError), and the worker is replaced."""
+    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(whole), int(fraction * 1e6)))
+
+
+def private_memory(pid: int) -> int | None:
+    """Bytes of memory `pid` holds resident of its own (pages shared with the template are not counted), or
+    None when /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as file:
+            text = file.read()
+    except OSError:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as file:
+                return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+    total = 0
+    for line in text.splitlines():
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)  # readable once the process exits: no polling for its death
@@ -227,7 +275,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _stream() -> int | None:
+def output_stream() -> int | None:
     """Where a worker's prints go: the user's stderr (never stdout, which may carry a report)."""
     try:
         return sys.__stderr__.fileno() if sys.__stderr__ is not None else None
@@ -235,10 +283,16 @@ def _stream() -> int | None:
         return None
 
 
-def _worker_environment() -> dict[str, str]:
-    """The user's environment without credentials, with this Python's import path (the user's script dir too)."""
+def worker_environment() -> dict[str, str]:
+    """The user's environment without credentials and with native thread pools capped (THREAD_CAPS, unless the
+    user set them), and this Python's import path to append after the standard library (PATH_VARIABLE)."""
     env = credential_free_environment()
     paths = [entry or os.getcwd() for entry in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[PATH_VARIABLE] = json.dumps(list(dict.fromkeys(paths)))
+    if "PYTHONPATH" in env:  # the user's own entries keep their place, but never the current directory
+        kept = [entry for entry in env["PYTHONPATH"].split(os.pathsep) if entry not in ("", ".")]
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    for name in THREAD_CAPS:
+        env.setdefault(name, "1")
     env["PYTHONUNBUFFERED"] = "1"  # a metric's prints arrive even when it exits without flushing
     return env

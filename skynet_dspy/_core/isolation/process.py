@@ -7,9 +7,13 @@ waits at most the timeout. A worker that passes it is killed with its whole proc
 nothing a metric does can block it) and reaped; so is a worker that exits, crashes or forks. The next
 call starts a fresh one.
 
-Workers are started with `subprocess` (fork+exec of a fresh interpreter): safe beside DSPy's and
-LiteLLM's threads, and the user's own script is never re-run (multiprocessing's spawn and forkserver
-re-import the main module in every worker). Measured against pebble's ProcessPool on the same machine
+Workers are forked from a template process that imported the metric once (template.py: milliseconds per
+worker, loaded models shared), or, when that is unsafe, started as fresh interpreters (handle.py); either
+way never a fork of the user's process (DSPy's and LiteLLM's threads), and the user's own script is never
+re-run (multiprocessing's spawn and forkserver re-import the main module in every worker). A call waits for
+whichever worker is ready first, and that wait is not charged to its timeout.
+
+Measured against pebble's ProcessPool on the same machine
 (`make bench`, row 6b, benchmarks/isolation.py): pebble's round trip of a trivial function alone takes
 1.3-1.5x this module's whole call (97 vs 65 µs median, 138 vs 103 on a busier machine); its shared task
 channel would also let a process forked inside score take tasks. So this module manages its processes
@@ -24,6 +28,7 @@ import math
 import os
 import threading
 import time
+import uuid
 import weakref
 from dataclasses import asdict
 from typing import Any
@@ -40,14 +45,23 @@ from ..errors import (
     WorkerError,
     judge_failure,
 )
+from ..logs import logger
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text
 from . import wire
-from .handle import MAX_LLM_AT_ONCE, Gone, WorkerProcess, exit_text
+from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, WorkerProcess, exit_text, private_memory
 from .source import source_spec
+from .template import ForkedWorker, Template
+from .template import supported as template_supported
 
 DEFAULT_MAX_WORKERS = 32
+START_MODES = ("template", "fresh")
+START_VARIABLE = "SKYNET_DSPY_WORKER_START"  # internal: forces a start mode ("fresh"), for tests and benchmarks
 _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as a flood (each is answered here)
+_GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to start (unless it has no worker)
+_MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
+_MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
+_fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class _Tampered(Exception):
@@ -55,78 +69,208 @@ class _Tampered(Exception):
 
 
 class ProcessExecutor:
-    """The metric in worker processes: loaded in the first worker now, in later ones as they start."""
+    """The metric in worker processes: imported once in a template process that forks workers as calls need
+    them (template.py), or, when forking is unsafe, in each fresh interpreter (handle.py).
 
-    def __init__(self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None):
+    `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
+    own between calls (mid-call, the call fails as `memory`); `start` forces a start mode (START_MODES).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        timeout: float,
+        feedback_limit: int,
+        max_workers: int | None = None,
+        *,
+        max_calls: int | None = None,
+        max_memory: int | None = None,
+        start: str | None = None,
+    ):
         self.timeout = timeout
         self.feedback_limit = feedback_limit
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
+        self.max_calls = max_calls
+        self.max_memory = max_memory
+        self.start_mode = _start_mode(start)
+        # a call waits this long at most for a worker to start; it is never charged to the call's timeout
+        self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
         self._cond = threading.Condition()
+        self._helper_lock = threading.Lock()  # one template (re)started at a time
         self._idle: list[WorkerProcess] = []
         self._workers: set[WorkerProcess] = set()  # every live worker, busy or idle
+        self._loading: set[WorkerProcess] = set()  # fresh workers still importing the metric
+        self._helpers: list[Template] = []  # the template, or the warden of fresh workers
+        self._template: Template | None = None
         self._starting = 0
+        self._waiting = 0  # calls waiting for a worker
+        self._start_failures = 0
+        self._start_error: BaseException | None = None
+        self._start_failed_at = -math.inf
         self._closed = False
         self._call_ids = itertools.count(1)
         self._owner = os.getpid()
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._owner)
-        worker = self._start()  # loads the metric: a MetricLoadError here is load_metric()'s
-        self.info: MetricInfo = worker.info  # type: ignore[assignment]
-        self._release(worker)
-
-    # -- the pool ------------------------------------------------------------------------------
-
-    def _start(self) -> WorkerProcess:
-        """A new worker with the metric loaded (under the metric's timeout)."""
-        worker = WorkerProcess(self.timeout)
+        self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
+        try:
+            if self.start_mode == "template":
+                self.info: MetricInfo = self._load_template(timeout)  # a MetricLoadError here is load_metric()'s
+            worker = self._new_worker(timeout)
+        except BaseException:
+            self._finalizer()  # the template or warden started so far goes now, not when this is collected
+            raise
+        if self.start_mode == "fresh":
+            self.info = worker.info  # type: ignore[assignment]
         with self._cond:
             self._workers.add(worker)
+        self._release(worker)
+
+    # -- starting workers ------------------------------------------------------------------------
+
+    def _load_template(self, seconds: float) -> MetricInfo:
+        """Import the metric in a new template (within `seconds` of its start); falls back to fresh workers when
+        it cannot be forked safely."""
+        template = Template(self._pool)
+        self._helpers.append(template)
         try:
-            worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
-            reply = worker.wait(time.monotonic() + self.timeout)
-        except Gone:
-            self._discard(worker)
-            raise MetricLoadError(
-                f"importing the metric {exit_text(worker.proc.returncode)} (in its worker process); fix the "
-                "module-level code so the file imports cleanly"
-            ) from None
+            try:
+                reply = template.load(self._spec, self.feedback_limit, seconds)
+            except Gone:
+                template.kill()
+                raise MetricLoadError(
+                    f"importing the metric {exit_text(template.proc.returncode)} (in its template process); fix the "
+                    "module-level code so the file imports cleanly"
+                ) from None
+            info = self._loaded_info(reply)
+        except BaseException:
+            self._drop_helper(template)
+            raise
+        if template.threads:
+            _log_fallback(template.threads)
+            self._drop_helper(template)
+            self.start_mode = "fresh"
+        else:
+            self._template = template
+        return info
+
+    def _drop_helper(self, helper: Template) -> None:
+        helper.close()
+        if helper in self._helpers:
+            self._helpers.remove(helper)
+
+    def _loaded_info(self, reply: Any) -> MetricInfo:
+        """What a `load` reply says of the metric; MetricLoadError (or FileNotFoundError) when it did not load."""
         if not isinstance(reply, dict):
-            self._discard(worker)
             raise MetricLoadError(
                 f"importing the metric did not finish within the {self.timeout:g} s timeout; move slow work "
                 "out of the module's top level (into score, or cache it), or raise timeout="
             )
         if reply.get("kind") == "load_failed":
-            self._discard(worker)
             message, item = str(reply.get("message")), reply.get("item")
             if item == "not_found":
                 raise FileNotFoundError(message)
             raise MetricLoadError(message, Item(item) if item in set(Item) else Item.LOADS)
         if reply.get("kind") != "loaded" or not isinstance(reply.get("info"), dict):
-            self._discard(worker)
             raise MetricLoadError("the metric's worker process answered the load with something else")
-        worker.info = wire.info_from_plain(reply["info"])
-        return worker
+        return wire.info_from_plain(reply["info"])
 
-    def _acquire(self) -> WorkerProcess:
-        if os.getpid() != self._owner:
-            self._forget_inherited_workers()
+    def _new_worker(self, seconds: float) -> WorkerProcess:
+        """A new worker with the metric loaded: forked from the template, or a fresh interpreter that imports it
+        (within `seconds` of its start)."""
+        token = f"{self._pool}.{uuid.uuid4().hex}"
+        if self.start_mode == "template":
+            with self._helper_lock:
+                if self._template is None or not self._template.alive:  # killed from outside: import again
+                    if self._template is not None:
+                        self._drop_helper(self._template)
+                        self._template = None
+                    self._load_template(seconds)
+                template = self._template
+            if template is not None:
+                return ForkedWorker(template, self.timeout, token)
+        with self._helper_lock:
+            if not any(helper.alive for helper in self._helpers):  # the warden: ends the workers with this process
+                self._helpers.clear()
+                self._helpers.append(Template(self._pool))
+        worker = WorkerProcess(self.timeout, token)
         with self._cond:
-            while True:
-                if self._closed:
-                    raise WorkerError("this metric was closed; load it again to score more")
-                if self._idle:
-                    return self._idle.pop()
-                if len(self._workers) + self._starting < self.max_workers:
-                    self._starting += 1
-                    break
-                self._cond.wait()
+            self._loading.add(worker)
         try:
-            return self._start()
+            worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
+            try:
+                reply = worker.wait(time.monotonic() + seconds)
+            except Gone:
+                worker.kill()
+                raise MetricLoadError(
+                    f"importing the metric {exit_text(worker.returncode)} (in its worker process); fix the "
+                    "module-level code so the file imports cleanly"
+                ) from None
+            worker.info = self._loaded_info(reply)
+        except BaseException:
+            worker.kill()
+            raise
         finally:
             with self._cond:
+                self._loading.discard(worker)
+        return worker
+
+    def _grow(self) -> None:
+        """Start one worker in the background; waiting calls take it, or whichever worker is idle first."""
+        try:
+            worker = self._new_worker(self.start_timeout)
+        except BaseException as exc:  # noqa: BLE001 - a failed start is reported to the waiting calls
+            with self._cond:
                 self._starting -= 1
-                self._cond.notify()
+                self._start_failures += 1
+                self._start_error = exc
+                self._start_failed_at = time.monotonic()
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._starting -= 1
+            if not self._closed:
+                self._workers.add(worker)
+                self._idle.append(worker)
+                self._cond.notify_all()  # one waiter takes it; the others may start more meanwhile
+                return
+        worker.kill()
+
+    # -- the pool ------------------------------------------------------------------------------
+
+    def _acquire(self) -> WorkerProcess:
+        """An idle worker, or the first one ready: MetricLoadError when none could start (not the call's fault)."""
+        if os.getpid() != self._owner:
+            self._forget_inherited_workers()
+        deadline = time.monotonic() + self.start_timeout
+        with self._cond:
+            if self._idle and not self._closed:
+                return self._idle.pop()
+            failures = self._start_failures
+            self._waiting += 1
+            try:
+                while True:
+                    if self._closed:
+                        raise WorkerError("this metric was closed; load it again to score more")
+                    if self._idle:
+                        return self._idle.pop()
+                    now = time.monotonic()
+                    empty = not self._workers and not self._starting
+                    if self._start_failures != failures and empty:
+                        raise MetricLoadError(
+                            f"a new worker process could not load the metric: {self._start_error}"
+                        )
+                    # one start in flight per waiting call at most: the pool grows to the concurrency used
+                    limit = min(self._waiting, _MAX_FRESH_STARTS if self.start_mode == "fresh" else self.max_workers)
+                    if (len(self._workers) + self._starting < self.max_workers and self._starting < limit
+                            and (empty or now - self._start_failed_at > _GROWTH_PAUSE)):
+                        self._starting += 1
+                        threading.Thread(target=self._grow, name="skynet-worker-start", daemon=True).start()
+                    if now >= deadline and len(self._workers) < self.max_workers:  # a full pool: wait for a worker
+                        raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
+                    self._cond.wait(min(deadline - now, _GROWTH_PAUSE) if deadline > now else _GROWTH_PAUSE)
+            finally:
+                self._waiting -= 1
 
     def _release(self, worker: WorkerProcess) -> None:
         with self._cond:
@@ -140,7 +284,17 @@ class ProcessExecutor:
         worker.kill()
         with self._cond:
             self._workers.discard(worker)
-            self._cond.notify()
+            self._cond.notify_all()  # room for a new worker: a waiting call may start one
+
+    def _retire(self, worker: WorkerProcess) -> bool:
+        """Whether a worker that answered its call is replaced now (worker_max_calls, worker_max_memory)."""
+        worker.calls += 1
+        if self.max_calls is not None and worker.calls >= self.max_calls:
+            return True
+        if self.max_memory is not None:
+            used = private_memory(worker.pid)
+            return used is not None and used > self.max_memory
+        return False
 
     # -- a call ----------------------------------------------------------------------------
 
@@ -169,10 +323,10 @@ class ProcessExecutor:
             while worker.used and not worker.healthy():  # what an earlier call left behind broke it
                 self._discard(worker)
                 worker = self._acquire()
-        except MetricLoadError as exc:
-            return Outcome(failure=Failure.CRASHED, detail=f"a new worker process could not load the metric: {exc}")
+        except (MetricLoadError, FileNotFoundError) as exc:  # starting a worker is never the call's failure
+            return Outcome(failure=Failure.LOAD, detail=str(exc))
         except WorkerError as exc:
-            return Outcome(failure=Failure.CRASHED, detail=str(exc))
+            return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
         call_id = next(self._call_ids)
         observation = asdict(request.observation) if request.observation is not None else None
         try:
@@ -207,7 +361,7 @@ class ProcessExecutor:
             self._discard(worker)
             return Outcome(
                 failure=Failure.CRASHED,
-                detail=f"the metric's worker process {exit_text(worker.proc.returncode)} during the call "
+                detail=f"the metric's worker process {exit_text(worker.returncode)} during the call "
                 "(sys.exit, os._exit, a crash or a signal in score); a new worker takes the next call",
             )
         except OSError:
@@ -222,7 +376,7 @@ class ProcessExecutor:
         except BaseException:  # a Ctrl-C in the user's process: it propagates, and no worker is lost to the pool
             self._discard(worker)
             raise
-        if keep:
+        if keep and not self._retire(worker):
             self._release(worker)
         else:
             self._discard(worker)
@@ -232,7 +386,19 @@ class ProcessExecutor:
         deadline = time.monotonic() + self.timeout
         refused = 0
         while True:
-            message = worker.wait(deadline)
+            if self.max_memory is None:
+                message = worker.wait(deadline)
+            else:
+                message = worker.wait(min(deadline, time.monotonic() + _MEMORY_CHECK))
+                if message is None and time.monotonic() < deadline:
+                    used = private_memory(worker.pid)
+                    if used is not None and used > self.max_memory:
+                        return Outcome(
+                            failure=Failure.MEMORY,
+                            detail=f"score()'s worker process held {used / 2**20:.0f} MiB, past worker_max_memory "
+                            f"({self.max_memory / 2**20:.0f} MiB); it was stopped and is replaced",
+                        ), False
+                    continue
             if message is None:
                 return Outcome(
                     failure=Failure.TIMEOUT,
@@ -272,10 +438,13 @@ class ProcessExecutor:
     def _forget_inherited_workers(self) -> None:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""
         self._cond = threading.Condition()
-        self._idle, self._workers, self._starting = [], set(), 0
+        self._helper_lock = threading.Lock()
+        self._idle, self._workers, self._loading, self._starting, self._waiting = [], set(), set(), 0, 0
+        self._helpers, self._template = [], None  # a new template starts with the next worker
         self._owner = os.getpid()
+        self._pool = uuid.uuid4().hex
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._owner)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -305,12 +474,38 @@ def _checked(outcome: Outcome, feedback_limit: int) -> Outcome:
     )
 
 
-def _kill_all(workers: set[WorkerProcess], owner: int) -> None:
+def _kill_all(
+    workers: set[WorkerProcess], loading: set[WorkerProcess], helpers: list[Template], owner: int
+) -> None:
     if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
         return
-    for worker in list(workers):
+    for worker in [*workers, *loading]:
         worker.kill()
     workers.clear()
+    for helper in list(helpers):
+        helper.close()
+    helpers.clear()
+
+
+def _start_mode(start: str | None) -> str:
+    mode = start or os.environ.get(START_VARIABLE) or "template"
+    if mode not in START_MODES:
+        raise ValueError(f"the worker start mode must be one of {START_MODES}, got {mode!r}")
+    return mode if mode == "fresh" or template_supported() else "fresh"
+
+
+def _log_fallback(threads: list[str]) -> None:
+    """Say once why workers start as fresh interpreters: the metric's import left threads running."""
+    key = tuple(sorted(threads))
+    if key in _fallbacks_logged:
+        return
+    _fallbacks_logged.add(key)
+    logger.warning(
+        "skynet-dspy: importing the metric started %s (%s); a process with threads cannot be forked safely, so "
+        "each worker process imports the metric itself (slower to start, and no memory shared). If a native "
+        "library started them, capping its threads (e.g. OMP_NUM_THREADS=1, the default) may avoid this.",
+        "a thread" if len(threads) == 1 else f"{len(threads)} threads", ", ".join(threads[:5]),
+    )
 
 
 def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:

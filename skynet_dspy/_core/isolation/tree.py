@@ -52,8 +52,9 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def marked(token: str) -> list[int]:
-    """The live processes whose environment says they descend from the worker `token` names."""
+def marked(token: str, pool: bool = False) -> list[int]:
+    """The live processes whose environment says they descend from the worker `token` names (with `pool`, from
+    any worker of the pool `token` names: worker marks are the pool's mark, a dot, and the worker's own)."""
     needle = f"{MARK}={token}".encode()
     found = []
     me = os.getpid()
@@ -65,9 +66,23 @@ def marked(token: str) -> list[int]:
                 environ = file.read()
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
+        entries = environ.split(b"\0")
+        if needle in entries or (pool and any(entry.startswith(needle + b".") for entry in entries)):
             found.append(pid)
     return found
+
+
+def kill_pool(token: str) -> None:
+    """SIGKILL every process carrying the mark of the pool `token` names, or of one of its workers."""
+    for _ in range(_ROUNDS):
+        found = marked(token, pool=True)
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def kill_descendants(pid: int, token: str | None = None) -> None:

@@ -1,7 +1,8 @@
 """The metric worker process: loads one metric and runs its calls, one at a time, for the user's process.
 
-Started by process.py as `python -c "from skynet_dspy._core.isolation.worker import main; main()" FD`,
-with a credential-free environment, in a session of its own. It imports the DSPy-free core, the metric
+Started by handle.py as `python -P -c "...; from skynet_dspy._core.isolation.worker import main; main()" FD`,
+or forked from the template with the metric loaded (template.py, then `run`), with a credential-free
+environment, in a session of its own. It imports the DSPy-free core, the metric
 and what the metric imports: never dspy or litellm. Everything the metric returns is validated here and
 only plain values go back (wire.py). llm() is sent to the user's process, which holds the judge and its
 keys. A fork inside score is caught: the child exits the moment it is back in this module, and the
@@ -165,12 +166,24 @@ def _request(message: dict[str, Any]) -> CallRequest:
     )
 
 
-def _serve(conn: Connection) -> None:
+def load_reply(message: dict[str, Any]) -> tuple[LoadedMetric | None, dict[str, Any]]:
+    """Load the metric a `load` message names: the metric (None on failure) and the reply for the user's process."""
+    try:
+        loaded = _load(message["spec"])
+        return loaded, {"kind": "loaded", "info": wire.info_to_plain(loaded.info())}
+    except MetricLoadError as exc:
+        return None, {"kind": "load_failed", "message": str(exc), "item": str(exc.item)}
+    except FileNotFoundError as exc:
+        return None, {"kind": "load_failed", "message": str(exc), "item": "not_found"}
+    except BaseException as exc:  # noqa: BLE001 - an unloadable pickled score, a hostile import
+        return None, {"kind": "load_failed", "item": str(Item.LOADS), "message": "the metric could not be "
+                      f"loaded in its worker process: {exception_text(exc)}"}
+
+
+def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit: int = 0) -> None:
     global _forked
     send_lock = threading.Lock()
     llm = _ParentLLM(conn, send_lock)
-    loaded: LoadedMetric | None = None
-    feedback_limit = 0
     recursion_limit = sys.getrecursionlimit()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     while True:
@@ -183,16 +196,7 @@ def _serve(conn: Connection) -> None:
             return
         if kind == "load":
             feedback_limit = message["feedback_limit"]
-            try:
-                loaded = _load(message["spec"])
-                reply: dict[str, Any] = {"kind": "loaded", "info": wire.info_to_plain(loaded.info())}
-            except MetricLoadError as exc:
-                reply = {"kind": "load_failed", "message": str(exc), "item": str(exc.item)}
-            except FileNotFoundError as exc:
-                reply = {"kind": "load_failed", "message": str(exc), "item": "not_found"}
-            except BaseException as exc:  # noqa: BLE001 - an unloadable pickled score, a hostile import
-                reply = {"kind": "load_failed", "item": str(Item.LOADS), "message": "the metric could not be "
-                         f"loaded in its worker process: {exception_text(exc)}"}
+            loaded, reply = load_reply(message)
         elif kind == "call" and loaded is not None:
             llm.call_id = message["call"]
             _forked = False
@@ -229,16 +233,29 @@ def _serve(conn: Connection) -> None:
             return  # retire after a fork: the user's process stops this worker and its children
 
 
-def main() -> None:
-    """Entry point of a worker process: serve the connection given as the first argument."""
+def prepare() -> None:
+    """What a process that will run score sets up before the metric is imported (a worker, or the template)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
     os.register_at_fork(after_in_parent=_after_fork_in_parent)
     register_skynet()
-    conn = Connection(int(sys.argv[1]))
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="skynet-parent-watch", daemon=True).start()
+
+
+def main() -> None:
+    """Entry point of a worker process: serve the connection given as the first argument."""
+    prepare()
+    run(int(sys.argv[1]))
+
+
+def run(fd: int, loaded: LoadedMetric | None = None, feedback_limit: int = 0) -> None:
+    """Serve the connection `fd` until told to stop, then exit (a fresh worker, or one forked from the template
+    with the metric already `loaded`)."""
+    global _worker_pid
+    _worker_pid = os.getpid()
+    conn = Connection(fd)
+    threading.Thread(target=_watch_parent, args=(_getppid(),), name="skynet-parent-watch", daemon=True).start()
     conn.send_bytes(wire.to_parent({"kind": "ready", "pid": os.getpid()}))
     try:
-        _serve(conn)
+        _serve(conn, loaded, feedback_limit)
     finally:
         tree.kill_descendants(os.getpid(), os.environ.get(tree.MARK))  # the metric's processes end with the worker
         os._exit(0)  # no atexit handlers, no flushing of what a forked metric left behind

@@ -553,6 +553,8 @@ def test_stats_list_every_kind_from_the_start():
         "invalid": 0,
         "missing_field": 0,
         "crashed": 0,
+        "load": 0,
+        "memory": 0,
         "overloaded": 0,
         "judge_not_configured": 0,
         "judge_error": 0,

@@ -20,6 +20,7 @@ from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_
 from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
 from .isolation import Executor
 from .isolation.process import ProcessExecutor
+from .isolation.sandbox import sandbox_for
 from .isolation.thread import ThreadExecutor
 from .loading import load
 from .logs import logger
@@ -84,6 +85,8 @@ class Scorer:
         workers: int | None = None,
         llm: LLMHandler | None = None,
         setup_hint: str = "",
+        sandbox: bool = False,
+        sandbox_network: bool = False,
     ):
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
@@ -95,9 +98,11 @@ class Scorer:
         self.isolation = isolation
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
+        launcher = sandbox_for(source, sandbox, sandbox_network, isolation)
+        self.sandbox = launcher  # the Sandbox its workers start in, or None
         if isolation == "process":
             self.executor: Executor = ProcessExecutor(
-                source, self.timeout, self.feedback_limit, workers
+                source, self.timeout, self.feedback_limit, workers, launcher=launcher
             )
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)

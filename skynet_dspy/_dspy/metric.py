@@ -254,6 +254,8 @@ class Metric:
         measure: bool | None = None,
         max_judge_cost_usd: float | None = None,
         max_program_cost_usd: float | None = None,
+        sandbox: bool = False,
+        sandbox_network: bool = False,
     ):
         self.output_fields = _output_fields(output_fields)
         if to_output is not None and not callable(to_output):
@@ -273,7 +275,7 @@ class Metric:
                            cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd)
         self.scorer = Scorer(
             source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
-            isolation=isolation, workers=workers, llm=self.judge,
+            isolation=isolation, workers=workers, llm=self.judge, sandbox=sandbox, sandbox_network=sandbox_network,
         )
         self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
         self.program_cap = program_cap
@@ -519,7 +521,8 @@ def load_metric(source: Any, **options: Any) -> Metric:
     characters), memo_size (4096), isolation ("process", the default, or "thread"), workers (the most
     worker processes), measure (None: when the metric uses reward/observation/service_cost),
     max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
-    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA).
+    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
+    True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it).
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)

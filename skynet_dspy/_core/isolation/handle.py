@@ -19,12 +19,12 @@ import threading
 import time
 import uuid
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import WorkerError
 from ..secrets import credential_free_environment
 from ..types import MetricInfo
-from . import tree, wire
+from . import dumpable, tree, wire
 
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
@@ -32,6 +32,12 @@ _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
 _WORKER_CODE = "from skynet_dspy._core.isolation.worker import main; main()"
 _READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
 _NO_MESSAGE = object()  # no whole message received yet
+
+
+class Launcher(Protocol):
+    """Changes how a worker is started (sandbox.py's Sandbox: inside bubblewrap); None starts it as is."""
+
+    def wrap(self, argv: list[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]: ...
 
 
 class Gone(Exception):
@@ -54,26 +60,35 @@ def exit_text(returncode: int | None) -> str:
 class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
-    def __init__(self, send_timeout: float) -> None:
+    def __init__(self, send_timeout: float, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
         # A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever:
         # a send that waits longer than this fails (OSError), and the worker is replaced.
         seconds, fraction = divmod(max(send_timeout, 0.001), 1.0)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6)))
         self.token = uuid.uuid4().hex  # marks the worker's environment, so its orphans can be found (tree.py)
+        argv = [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())]
+        env, cwd = {**_worker_environment(), tree.MARK: self.token}, os.getcwd()
+        dumpable.hold()  # while it lives, a same-user worker cannot read this process's memory (dumpable.py)
+        self._holds_dumpable = True
         try:
+            if launcher is not None:
+                argv, env, cwd = launcher.wrap(argv, env, cwd)
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_CODE, str(theirs.fileno())],
+                argv,
                 pass_fds=(theirs.fileno(),),
-                env={**_worker_environment(), tree.MARK: self.token},
-                cwd=os.getcwd(),
+                env=env,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=_stream(),
                 stderr=_stream(),
                 start_new_session=True,  # its own process group: killing it kills what it forked
             )
-        except OSError as exc:
+        except (OSError, WorkerError) as exc:
             ours.close()
+            self._release_dumpable()
+            if isinstance(exc, WorkerError):
+                raise
             raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
         finally:
             theirs.close()
@@ -206,7 +221,13 @@ class WorkerProcess:
             pass
         self.kill()
 
+    def _release_dumpable(self) -> None:
+        if self._holds_dumpable:
+            self._holds_dumpable = False
+            dumpable.release()
+
     def _close(self) -> None:
+        self._release_dumpable()
         with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
             try:
                 self.conn.close()

@@ -43,7 +43,7 @@ from ..errors import (
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text
 from . import wire
-from .handle import MAX_LLM_AT_ONCE, Gone, WorkerProcess, exit_text
+from .handle import MAX_LLM_AT_ONCE, Gone, Launcher, WorkerProcess, exit_text
 from .source import source_spec
 
 DEFAULT_MAX_WORKERS = 32
@@ -57,8 +57,12 @@ class _Tampered(Exception):
 class ProcessExecutor:
     """The metric in worker processes: loaded in the first worker now, in later ones as they start."""
 
-    def __init__(self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None):
+    def __init__(
+        self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None,
+        *, launcher: Launcher | None = None,
+    ):
         self.timeout = timeout
+        self.launcher = launcher  # how each worker is started (sandbox.py: inside bubblewrap); None: as is
         self.feedback_limit = feedback_limit
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self._spec = source_spec(source)
@@ -78,7 +82,7 @@ class ProcessExecutor:
 
     def _start(self) -> WorkerProcess:
         """A new worker with the metric loaded (under the metric's timeout)."""
-        worker = WorkerProcess(self.timeout)
+        worker = WorkerProcess(self.timeout, self.launcher)
         with self._cond:
             self._workers.add(worker)
         try:

@@ -85,7 +85,7 @@ class RunWorkers:
             return Ran(output=result.extra.get(_OUTPUT))
         return Ran(failure=Failure.RUN_EXCEPTION, error_type=outcome.error_type or str(outcome.failure),
                    feedback=_failure_feedback(outcome, self.timeout),
-                   detail=f"run(artifact, input) in its worker process: {outcome.detail}")
+                   detail=f"run(artifact, input) in its worker process: {str(outcome.detail).replace('score()', 'run()')}")
 
     def close(self) -> None:
         self.executor.close()

@@ -189,6 +189,7 @@ def _readable(extra: Iterable[str]) -> list[str]:
     candidates += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     candidates += [entry or os.getcwd() for entry in sys.path]
     candidates += list(extra)
+    candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
     home = os.path.expanduser("~")
     found: list[str] = []
     for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):

@@ -758,7 +758,8 @@ def test_a_metric_cannot_read_the_users_keys(tmp_path, sandbox):
     script = write_metric(tmp_path, textwrap.dedent(f'''
         import os, sys, dspy, skynet_dspy
         metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1, sandbox={sandbox})
-        score = metric(dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case"), dspy.Prediction(label="yes"))
+        example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
+        score = metric(example, dspy.Prediction(label="yes"))
         print(score.result.extra.get("seen"))
     '''), "user.py")
     env = {**os.environ, "ATTACK_API_KEY": "attack-" + uuid.uuid4().hex}
@@ -805,7 +806,8 @@ def test_a_metric_cannot_read_a_key_given_only_in_python_from_the_users_memory(t
         key = "memcanary-" + uuid.uuid4().hex  # only in this process's memory: no file, no environment
         metric = skynet_dspy.load_metric(sys.argv[1], timeout=30, workers=1, sandbox={sandbox},
                                          metric_lm={{"model": "openai/x", "api_key": key}})
-        score = metric(dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case"), dspy.Prediction(label="yes"))
+        example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
+        score = metric(example, dspy.Prediction(label="yes"))
         print(score.result.failure, score.result.extra.get("seen"))
     '''), "user.py")
     done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=90,

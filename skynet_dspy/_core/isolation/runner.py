@@ -83,9 +83,10 @@ class RunWorkers:
                        detail=text)
         if result is not None:
             return Ran(output=result.extra.get(_OUTPUT))
+        detail = str(outcome.detail).replace("score()", "run()")
         return Ran(failure=Failure.RUN_EXCEPTION, error_type=outcome.error_type or str(outcome.failure),
                    feedback=_failure_feedback(outcome, self.timeout),
-                   detail=f"run(artifact, input) in its worker process: {str(outcome.detail).replace('score()', 'run()')}")
+                   detail=f"run(artifact, input) in its worker process: {detail}")
 
     def close(self) -> None:
         self.executor.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -104,7 +103,8 @@ def test_a_sandboxed_metric_reaches_no_port_and_writes_nowhere_outside_its_own_t
     assert seen["tmp"] == "mine" and not Path("/tmp/private.txt").exists()
     assert "private.txt" in seen["home"] and not set(seen["home"]) & set(os.listdir(home))  # HOME: its own /tmp
     needed = {Path(entry).resolve() for entry in [sys.prefix, sys.base_prefix, *sys.path] if entry}
-    allowed = {entry.relative_to(home).parts[0] for entry in needed if entry.is_relative_to(home) and entry != Path(home)}
+    allowed = {entry.relative_to(home).parts[0] for entry in needed
+               if entry.is_relative_to(home) and entry != Path(home)}
     assert set(seen["user_home"]) <= allowed, "the user's home shows more than the interpreter and import path"
     assert len(os.listdir(home)) > len(seen["user_home"]) or not os.listdir(home)
 
@@ -230,5 +230,6 @@ def test_run_raising_in_a_worker_gives_the_same_feedback_as_in_this_process(tmp_
     feedbacks = []
     for isolation in ("thread", "process"):
         with skynet_dspy.make_evaluator(run, str(metric_path), run_isolation=isolation) as evaluator:
-            feedbacks.append(evaluator(textwrap.dedent("abc"), example))
-    assert feedbacks[0] == feedbacks[1] == (0.0, {"feedback": "run(artifact, input) raised ValueError: no solve in 'abc'"})
+            feedbacks.append(evaluator("abc", example))
+    expected = (0.0, {"feedback": "run(artifact, input) raised ValueError: no solve in 'abc'"})
+    assert feedbacks[0] == feedbacks[1] == expected

@@ -342,7 +342,8 @@ def _sandbox_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         f"sandbox=True: median {_us(boxed['median_us'])}, p90 {_us(boxed['p90_us'])} "
         f"(+{_us(boxed['overhead_median_us'])} over bare)",
         f"plain worker: median {_us(plain['median_us'])}, p90 {_us(plain['p90_us'])} "
-        f"(+{_us(plain['overhead_median_us'])} over bare); the bare score, in this process: {_us(s["bare"]["median_us"])}",
+        f"(+{_us(plain['overhead_median_us'])} over bare); the bare score, in this process: "
+        f"{_us(s['bare']['median_us'])}",
         f"{boxed['median_us'] - plain['median_us']:+,.1f} µs median per call; failures {boxed['failures']} / "
         f"{plain['failures']}",
         "reference only",

@@ -280,7 +280,9 @@ class Evaluator:
             return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc)))
         except Exception as exc:
             return self._run_failed(exc)
-        return self.metric.score(input_values, output, expected, observation=observation)
+        unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured" if (
+            self.workers is not None) else None
+        return self.metric.score(input_values, output, expected, observation=observation, unmeasured_reason=unmeasured)
 
     def _run_failed(self, exc: Exception) -> Result:
         # run() is the program, not the metric: its error (never holding expected values, which run() is not

@@ -300,9 +300,10 @@ def score(input, output, expected=None):
 '''
 
 
+@pytest.mark.parametrize("sandbox", [False, True])
 @pytest.mark.parametrize("case", ["alarm", "timer_exit", "timer_stop", "late_frame"])
-def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case):
-    metric = _metric(tmp_path, LEFTOVERS)
+def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case, sandbox):
+    metric = _metric(tmp_path, LEFTOVERS, sandbox=sandbox)  # sandboxed, the worker is not this process's child
     try:
         _, score = _call(metric, case)
         assert score.result.failure is None
@@ -503,11 +504,12 @@ def score(input, output, expected=None):
 '''
 
 
-def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path):
+@pytest.mark.parametrize("sandbox", [False, True])
+def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path, sandbox):
     tag = uuid.uuid4().hex[:8]
     command = _sleeper(tag)
     path = write_metric(tmp_path, PLAIN_CHILD)
-    script = write_metric(tmp_path, USER_SCRIPT, "user.py")
+    script = write_metric(tmp_path, USER_SCRIPT.replace("workers=1)", f"workers=1, sandbox={sandbox})"), "user.py")
     user = subprocess.Popen([sys.executable, str(script), str(path), command], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path)
     try:

@@ -60,6 +60,18 @@ def release() -> None:
             _before = None
 
 
+def _forget_in_child() -> None:
+    """A fork of the user's process owns none of its workers: it starts dumpable, as the user's process was."""
+    global _held, _before
+    if _held and _before:
+        _prctl(_PR_SET_DUMPABLE, _before)
+    _held, _before = 0, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def dumpable() -> bool:
     """Whether the user's process is dumpable now (for tests)."""
     return _prctl(_PR_GET_DUMPABLE) == 1

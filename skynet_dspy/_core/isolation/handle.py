@@ -37,7 +37,9 @@ _NO_MESSAGE = object()  # no whole message received yet
 class Launcher(Protocol):
     """Changes how a worker is started (sandbox.py's Sandbox: inside bubblewrap); None starts it as is."""
 
-    def wrap(self, argv: list[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]: ...
+    def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
+        """subprocess.Popen(argv, env=env, cwd=cwd, **popen), changed as the launcher needs."""
+        ...
 
 
 class Gone(Exception):
@@ -71,10 +73,9 @@ class WorkerProcess:
         env, cwd = {**_worker_environment(), tree.MARK: self.token}, os.getcwd()
         dumpable.hold()  # while it lives, a same-user worker cannot read this process's memory (dumpable.py)
         self._holds_dumpable = True
+        start = launcher.start if launcher is not None else subprocess.Popen
         try:
-            if launcher is not None:
-                argv, env, cwd = launcher.wrap(argv, env, cwd)
-            self.proc = subprocess.Popen(
+            self.proc = start(
                 argv,
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -114,6 +115,8 @@ class WorkerProcess:
                 f"a metric worker process did not start ({exit_text(self.proc.returncode)}; its error output, "
                 "if any, is above)"
             )
+        # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
+        self._inner = _innermost(self.pid) if launcher is not None else None
 
     def send(self, data: bytes) -> None:
         with self.send_lock:
@@ -187,7 +190,7 @@ class WorkerProcess:
             return False
         except AttributeError:  # no waitid (not Linux or macOS): exit only
             return self.proc.poll() is None
-        return changed is None
+        return changed is None and not (self._inner is not None and _stopped(self._inner))
 
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it (no zombie is left).
@@ -239,6 +242,24 @@ class WorkerProcess:
             except OSError:
                 pass
             self._pidfd = None
+
+
+def _innermost(pid: int) -> int | None:
+    """The process at the bottom of the chain below `pid` (the worker under a sandbox's own processes)."""
+    below = tree.descendants(pid)
+    parents = {child: tree.parent(child) for child in below}
+    leaves = [child for child in below if child not in parents.values()]
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a tracer) or gone, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"T", b"t", b"Z", b"X")
 
 
 def _pidfd(pid: int) -> int | None:

@@ -72,6 +72,11 @@ class Sandbox:
     max_memory: int | None = None
     bwrap: str = field(default="", compare=False)
 
+    def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
+        """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
+        wrapped, env, cwd = self.wrap(argv, env, cwd)
+        return _spawner().run(lambda: subprocess.Popen(wrapped, env=env, cwd=cwd, **popen))
+
     def wrap(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]:
         """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through."""
         bwrap = self.bwrap or find_bwrap()
@@ -153,6 +158,53 @@ def sandbox_for(
     found = Sandbox(network=network, read_only=folders_of(source), max_memory=max_memory, bwrap=find_bwrap())
     found.check()
     return found
+
+
+class _Spawner:
+    """One long-lived thread that starts every sandbox of this process.
+
+    `bwrap --die-with-parent` is PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, not
+    the process: a worker started on one of DSPy's or GEPA's short-lived threads would be killed when that
+    thread finished. Started from this thread, which lives as long as the process, the sandboxes die with
+    the user's process and only then (measured: a worker started on a thread that ended got SIGKILL).
+    """
+
+    def __init__(self) -> None:
+        import queue
+
+        self.owner = os.getpid()
+        self._tasks: queue.SimpleQueue[tuple[Any, dict[str, Any], threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="skynet-sandbox-spawner", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            work, box, done = self._tasks.get()
+            try:
+                box["value"] = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+            done.set()
+
+    def run(self, work: Any) -> Any:
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._tasks.put((work, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+_spawners: dict[int, _Spawner] = {}
+
+
+def _spawner() -> _Spawner:
+    """This process's spawner (a fork of the user's process gets its own: threads do not survive a fork)."""
+    with _check_lock:
+        found = _spawners.get(os.getpid())
+        if found is None:
+            found = _spawners[os.getpid()] = _Spawner()
+        return found
 
 
 def find_bwrap() -> str:

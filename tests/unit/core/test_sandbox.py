@@ -121,3 +121,23 @@ def test_the_users_process_is_not_dumpable_only_while_workers_live(tmp_path, mon
     monkeypatch.setenv(dumpable.KEEP, "1")
     with skynet_dspy.load_metric(str(write_metric(tmp_path, OK))):
         assert dumpable.dumpable()
+
+
+def test_a_sandboxed_worker_started_on_a_thread_that_ends_lives_on(tmp_path):
+    """bwrap's --die-with-parent follows the thread that started it: DSPy's and GEPA's threads come and go."""
+    import threading
+    import time
+
+    box: dict = {}
+    starter = threading.Thread(target=lambda: box.update(metric=skynet_dspy.load_metric(
+        str(write_metric(tmp_path, OK)), sandbox=True)))
+    starter.start()
+    starter.join()
+    metric = box["metric"]
+    try:
+        time.sleep(0.3)
+        before = metric.scorer.executor.worker_pids
+        assert metric.score({}, "x").failure is None
+        assert metric.scorer.executor.worker_pids == before  # the same worker took the call: it was not killed
+    finally:
+        metric.close()

@@ -353,7 +353,12 @@ def make_evaluator(
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options)
     if run_isolation == "thread":
         return Evaluator(run_fn, loaded)
-    return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout))
+    try:
+        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout))
+    except BaseException:
+        if loaded is not metric:  # loaded here: its workers are not left behind
+            loaded.close()
+        raise
 
 
 def _run_workers(run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None) -> RunWorkers:

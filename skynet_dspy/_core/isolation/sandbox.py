@@ -60,7 +60,7 @@ _check_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How to start a worker inside bubblewrap: `wrap(argv, env, cwd)` is the hook handle.py calls.
+    """How to start a worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is handle.py's launcher hook.
 
     network: keep the host's network (False: a network namespace with only its own loopback).
     read_only: further folders or files the worker may read (the metric's folder; what sys.path names is

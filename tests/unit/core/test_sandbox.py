@@ -107,20 +107,33 @@ def test_the_same_sandbox_starts_for_a_user_that_is_not_root():
     assert done.returncode == 0 and done.stdout.split() == ["65534", "2"], done.stderr[-800:]
 
 
+DUMPABLE = """
+import os, sys
+import skynet_dspy
+from skynet_dspy._core.isolation import dumpable
+seen = [dumpable.dumpable()]
+metric = skynet_dspy.load_metric(sys.argv[1])
+seen.append(dumpable.dumpable())
+seen.append(metric.score({}, "x").score == 1.0)
+pid = os.fork()  # a fork of the user's process owns no worker: it starts dumpable
+if pid == 0:
+    os._exit(0 if dumpable.dumpable() else 1)
+seen.append(os.waitpid(pid, 0)[1] == 0)
+metric.close()
+seen.append(dumpable.dumpable())
+print(seen)
+"""
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
-def test_the_users_process_is_not_dumpable_only_while_workers_live(tmp_path, monkeypatch):
-    monkeypatch.delenv(dumpable.KEEP, raising=False)
-    assert dumpable.dumpable()
-    metric = skynet_dspy.load_metric(str(write_metric(tmp_path, OK)))
-    try:
-        assert not dumpable.dumpable()
-        assert metric.score({}, "x").score == 1.0
-    finally:
-        metric.close()
-    assert dumpable.dumpable()
-    monkeypatch.setenv(dumpable.KEEP, "1")
-    with skynet_dspy.load_metric(str(write_metric(tmp_path, OK))):
-        assert dumpable.dumpable()
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_users_process_is_not_dumpable_only_while_workers_live(tmp_path, keep):
+    env = {key: value for key, value in os.environ.items() if key != dumpable.KEEP}
+    if keep:
+        env[dumpable.KEEP] = "1"  # the way out, to attach a profiler by pid
+    done = subprocess.run([sys.executable, "-c", DUMPABLE, str(write_metric(tmp_path, OK))], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == str([True, keep, True, True, True]), done.stderr[-800:]
 
 
 def test_a_sandboxed_worker_started_on_a_thread_that_ends_lives_on(tmp_path):

@@ -1,6 +1,6 @@
 """`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Nine benchmarks, each against its baseline in the same run:
+Twelve benchmarks, each against its baseline in the same run:
 
 1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
    with isolation="thread", vs the bare `score(input, output, expected)`;
@@ -17,6 +17,7 @@ Nine benchmarks, each against its baseline in the same run:
    cache, and two at once in two processes sharing one Redis cache (judge requests and dollars);
 9. the worker pool with a 300 MB model loaded at import: workers forked from a template vs fresh
    interpreters (memory, time until 8 workers are ready, replacing a worker, per-call overhead).
+12. sandbox=True (bubblewrap): per-call overhead and worker start time, with and without the sandbox.
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -41,10 +42,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache", 9: "worker_pool"}
+         8: "judge_cache", 9: "worker_pool", 12: "sandbox"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 5, 7, 9, 4, 2, 8, 3)
+ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 3)
 
 
 @dataclass
@@ -68,11 +69,13 @@ class Sizes:
     cpu_examples: int = 200  # 7: dspy.Evaluate examples per isolation
     cpu_repeats: int = 2  # 7: runs per isolation, the fastest counts
     model_mb: int = 300  # 9: MiB the metric allocates at import
+    sandbox_calls: int = 5_000  # 12: calls timed each way
+    sandbox_starts: int = 10  # 12: worker starts timed each way
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
-              isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20)
+              isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2)
 
 
 def _quiet() -> None:
@@ -169,6 +172,11 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
 
         say(f"worker pool: a {sizes.model_mb} MiB model at import, template vs fresh interpreters ...")
         return worker_pool.run(sizes.model_mb, min(2000, sizes.isolation_calls), max(1.0, sizes.model_mb / 60))
+    if number == 12:
+        from benchmarks import sandbox
+
+        say(f"sandbox: {sizes.sandbox_calls:,} calls and {sizes.sandbox_starts} worker starts, with and without ...")
+        return sandbox.run(sizes.sandbox_calls, sizes.sandbox_starts, warmup=min(200, sizes.sandbox_calls))
     raise ValueError(f"no benchmark {number}")
 
 
@@ -331,7 +339,34 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         from benchmarks import worker_pool
 
         out += worker_pool.rows(doc["worker_pool"])
+    if "sandbox" in doc:
+        out += _sandbox_rows(doc["sandbox"])
     return out
+
+
+def _sandbox_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    if "skipped" in s:
+        return [("9. sandbox=True (bubblewrap)", s["skipped"], "n/a", "n/a", "not run")]
+    plain, boxed = s["plain"], s["sandbox"]
+    return [(
+        f"12a. Per-call overhead, `metric.score(...)` from another thread, sandbox=True vs the plain worker "
+        f"({s['calls']:,} calls each)",
+        f"sandbox=True: median {_us(boxed['median_us'])}, p90 {_us(boxed['p90_us'])} "
+        f"(+{_us(boxed['overhead_median_us'])} over bare)",
+        f"plain worker: median {_us(plain['median_us'])}, p90 {_us(plain['p90_us'])} "
+        f"(+{_us(plain['overhead_median_us'])} over bare); the bare score, in this process: "
+        f"{_us(s['bare']['median_us'])}",
+        f"{boxed['median_us'] - plain['median_us']:+,.1f} µs median per call; failures {boxed['failures']} / "
+        f"{plain['failures']}",
+        "reference only",
+    ), (
+        f"12b. Worker start, `load_metric(...)` (a new worker, metric loaded), median of {s['starts']}",
+        f"sandbox=True: {boxed['start_median_ms']:,.0f} ms (max {boxed['start_max_ms']:,.0f}); the first "
+        f"sandboxed load in a process (a trial sandbox too): {s['first_sandboxed_load_s'] * 1000:,.0f} ms",
+        f"plain worker: {plain['start_median_ms']:,.0f} ms (max {plain['start_max_ms']:,.0f})",
+        f"{boxed['start_median_ms'] - plain['start_median_ms']:+,.0f} ms per worker start",
+        "reference only",
+    )]
 
 
 def _dollars(value: float | None) -> str:

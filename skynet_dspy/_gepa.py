@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 from dspy.primitives.example import Example
 
 from ._core import loading, secrets
+from ._core.contract import check_timeout
 from ._core.errors import SpendCapReached
+from ._core.isolation.runner import RunWorkers
+from ._core.isolation.sandbox import folders_of
 from ._core.logs import logger as logger
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
@@ -226,9 +229,21 @@ class Evaluator:
     cache_evaluation), so a repeated (candidate, example) costs neither a run nor budget.
     """
 
-    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric):
+    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric, workers: RunWorkers | None = None):
         self.run = run
         self.metric = metric
+        self.workers = workers  # run_isolation="process": run() goes to these worker processes
+
+    def close(self) -> None:
+        """Stop run()'s worker processes (run_isolation="process"); the metric is closed separately."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
         """Score `candidate` on `example`; side_info holds only "feedback" and (when given) "scores"."""
@@ -250,7 +265,13 @@ class Evaluator:
         try:
             if cap is not None:
                 cap.check()  # the program's spending cap is reached: run() is not even started
-            if self.metric.measuring:
+            if self.workers is not None:  # in a worker: what run() does cannot stall or end this process
+                ran = self.workers(artifact, translate.detach(input_values))
+                if ran.failure is not None:
+                    outcome = Outcome(failure=ran.failure, error_type=ran.error_type, detail=ran.detail)
+                    return self.metric.scorer.failed(outcome, feedback=ran.feedback)
+                output, observation = ran.output, None
+            elif self.metric.measuring:
                 with self.metric.capping():  # the cap governs this run() call's model calls, no others
                     output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
             else:
@@ -259,7 +280,9 @@ class Evaluator:
             return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc)))
         except Exception as exc:
             return self._run_failed(exc)
-        return self.metric.score(input_values, output, expected, observation=observation)
+        unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured" if (
+            self.workers is not None) else None
+        return self.metric.score(input_values, output, expected, observation=observation, unmeasured_reason=unmeasured)
 
     def _run_failed(self, exc: Exception) -> Result:
         # run() is the program, not the metric: its error (never holding expected values, which run() is not
@@ -299,6 +322,8 @@ def make_evaluator(
     *,
     metric_lm: Any = None,
     reflection_lm: Any = None,
+    run_isolation: str = "thread",
+    run_timeout: float | None = None,
     **metric_options: Any,
 ) -> Evaluator:
     """Build a `gepa.optimize_anything` evaluator from `run(artifact, input)` and a Skynet metric.
@@ -306,16 +331,45 @@ def make_evaluator(
     `run` is a function or a path to run.py defining `run`; `metric` is what load_metric() takes
     (a path to metric.py, a module, a score function) or a Metric already built (then used as is,
     with its own models and options). llm() in the metric goes to `metric_lm`, else `reflection_lm`.
-    `metric_options` go to load_metric (timeout, failure_score, feedback_limit, ...).
+    `metric_options` go to load_metric (timeout, failure_score, feedback_limit, sandbox, ...).
+    run_isolation: "thread" (the default) calls run in this process, as it always did; "process" calls it
+    in worker processes, each call under `run_timeout` seconds (default: the metric's timeout), so a
+    candidate that loops, exits, crashes or forks scores the failure score and the run goes on. With
+    sandbox=True those workers are sandboxed like the metric's (docs/sandbox.md).
+    Call `close()` on the evaluator (or use it in a `with` block) to stop run()'s workers.
     """
+    if run_isolation not in ("thread", "process"):
+        raise ValueError(f"run_isolation must be 'thread' (the default) or 'process', got {run_isolation!r}")
+    if run_timeout is not None and run_isolation != "process":
+        raise ValueError("run_timeout= bounds run() in a worker process; it needs run_isolation='process'")
     run_fn = load_run(run)
     if isinstance(metric, Metric):
         given = {**metric_options, **({"metric_lm": metric_lm} if metric_lm is not None else {})}
         reject_options_for_loaded("make_evaluator()", metric, given)
-        return Evaluator(run_fn, metric)
-    # llm() can call a string, a dict or a dspy.LM; a bare callable reflection model is GEPA's alone
-    judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
-    return Evaluator(run_fn, load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options))
+        loaded = metric
+    else:
+        # llm() can call a string, a dict or a dspy.LM; a bare callable reflection model is GEPA's alone
+        judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
+        loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options)
+    if run_isolation == "thread":
+        return Evaluator(run_fn, loaded)
+    try:
+        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout))
+    except BaseException:
+        if loaded is not metric:  # loaded here: its workers are not left behind
+            loaded.close()
+        raise
+
+
+def _run_workers(run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None) -> RunWorkers:
+    """Worker processes for run(), sandboxed as the metric's workers are (the run file's folder readable)."""
+    timeout = check_timeout(timeout) if timeout is not None else metric.timeout
+    sandbox = metric.scorer.sandbox
+    path = str(run) if isinstance(run, (str, Path)) else None
+    if sandbox is not None:
+        sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
+        sandbox.check()
+    return RunWorkers(run_fn, timeout, path=path, launcher=sandbox)
 
 
 # -- models -------------------------------------------------------------------------------
@@ -390,6 +444,8 @@ def optimize_anything(
     background: str | None = None,
     max_metric_calls: int | None = None,
     rng_seed: int = 0,
+    run_isolation: str = "thread",
+    run_timeout: float | None = None,
     **config: Any,
 ) -> GEPAResult:
     """Optimize a text artifact with plain GEPA, scored by the same metric.py that serves DSPy.
@@ -408,6 +464,10 @@ def optimize_anything(
         evaluation cache is on (cache_evaluation=True; in run_dir= when given, so a resumed run pays
         nothing twice): a repeated (candidate, example) costs no run, no metric call and no budget.
         rng_seed: GEPA's random seed.
+    run_isolation / run_timeout: "thread" (the default) calls run in this process; "process" calls it in
+        worker processes, each call under run_timeout seconds (default: the metric's timeout), so a
+        candidate that loops, exits, crashes or forks scores the failure score and the run goes on
+        (see make_evaluator; with sandbox=True they are sandboxed too, docs/sandbox.md).
     config: load_metric options (timeout, failure_score, feedback_limit, judge_cache, judge_cache_size,
         max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending cap is reached), any
         field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,
@@ -442,7 +502,8 @@ def optimize_anything(
     if max_metric_calls is not None:
         check_budget("skynet_dspy.optimize_anything()", max_metric_calls, len(val or train),
                      groups["reflection"].get("reflection_minibatch_size") or 3)
-    evaluator = make_evaluator(run, metric, metric_lm=metric_lm, reflection_lm=reflection_lm, **metric_options)
+    evaluator = make_evaluator(run, metric, metric_lm=metric_lm, reflection_lm=reflection_lm,
+                               run_isolation=run_isolation, run_timeout=run_timeout, **metric_options)
 
     reflection = groups["reflection"]
     lm_overrides = reflection.pop("reflection_lm_kwargs", None) or {}
@@ -465,16 +526,19 @@ def optimize_anything(
         tracking=oa.TrackingConfig(**groups["tracking"]),
         **top,
     )
-    with record.Recorder(evaluator.metric, reflection["reflection_lm"]) as recorder:  # for skynet_dspy.report()
-        result = oa.optimize_anything(
-            seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
-            evaluator=evaluator,
-            dataset=dataset,
-            valset=validation,
-            objective=objective,
-            background=background,
-            config=gepa_config,
-        )
+    try:
+        with record.Recorder(evaluator.metric, reflection["reflection_lm"]) as recorder:  # for skynet_dspy.report()
+            result = oa.optimize_anything(
+                seed_candidate=dict(seed) if isinstance(seed, dict) else seed,
+                evaluator=evaluator,
+                dataset=dataset,
+                valset=validation,
+                objective=objective,
+                background=background,
+                config=gepa_config,
+            )
+    finally:
+        evaluator.close()  # run()'s worker processes (run_isolation="process"); a Metric given stays the caller's
     return record.attach(result, recorder.record)
 
 

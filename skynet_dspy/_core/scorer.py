@@ -20,6 +20,7 @@ from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_
 from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
 from .isolation import Executor
 from .isolation.process import ProcessExecutor
+from .isolation.sandbox import sandbox_for
 from .isolation.thread import ThreadExecutor
 from .loading import load
 from .logs import logger
@@ -93,6 +94,8 @@ class Scorer:
         setup_hint: str = "",
         worker_max_calls: int | None = None,
         worker_max_memory: int | None = None,
+        sandbox: bool = False,
+        sandbox_network: bool = False,
     ):
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
@@ -113,10 +116,15 @@ class Scorer:
         self.isolation = isolation
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
+        # the pool's memory check (worker_max_memory) holds in a sandbox too; its address-space limit is a backstop
+        # with room for what a process maps but never uses (thread stacks, libraries), so it never fires first
+        backstop = None if worker_max_memory is None else 2 * worker_max_memory + 2**30
+        launcher = sandbox_for(source, sandbox, sandbox_network, isolation, max_memory=backstop)
+        self.sandbox = launcher  # the Sandbox its workers start in, or None
         if isolation == "process":
             self.executor: Executor = ProcessExecutor(
                 source, self.timeout, self.feedback_limit, workers,
-                max_calls=worker_max_calls, max_memory=worker_max_memory,
+                max_calls=worker_max_calls, max_memory=worker_max_memory, launcher=launcher,
             )
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)

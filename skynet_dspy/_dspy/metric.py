@@ -256,6 +256,8 @@ class Metric:
         measure: bool | None = None,
         max_judge_cost_usd: float | None = None,
         max_program_cost_usd: float | None = None,
+        sandbox: bool = False,
+        sandbox_network: bool = False,
     ):
         self.output_fields = _output_fields(output_fields)
         if to_output is not None and not callable(to_output):
@@ -277,6 +279,7 @@ class Metric:
             source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
             isolation=isolation, workers=workers, llm=self.judge,
             worker_max_calls=worker_max_calls, worker_max_memory=worker_max_memory,
+            sandbox=sandbox, sandbox_network=sandbox_network,
         )
         self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
         self.program_cap = program_cap
@@ -524,7 +527,8 @@ def load_metric(source: Any, **options: Any) -> Metric:
     once it holds that many bytes of its own; off by default, see docs/worker-pool.md), measure (None:
     when the metric uses reward/observation/service_cost),
     max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
-    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA).
+    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
+    True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it).
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)

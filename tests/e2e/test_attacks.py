@@ -6,7 +6,9 @@ returned normally (an alarm, a timer, a thread still calling llm()), escaping th
 (setsid), or returning values whose handling in the user's process would be slow. For each: the call ends
 within about its timeout, the next good call scores normally, no process is left behind, and nothing the
 metric chose reaches the optimizer. Calls run on a guard thread, so a hole fails the test instead of
-hanging the suite. Two holes this package cannot close by itself are kept as strict xfails.
+hanging the suite. Holes of a same-user worker this package cannot close without a sandbox (reading the user's
+process's environment or memory, signalling it, a daemon escaping) run both ways: they pass with sandbox=True
+(bubblewrap) and stay strict xfails only for the unsandboxed default.
 """
 
 from __future__ import annotations
@@ -313,9 +315,10 @@ def score(input, output, expected=None):
 '''
 
 
+@pytest.mark.parametrize("sandbox", [False, True])
 @pytest.mark.parametrize("case", ["alarm", "timer_exit", "timer_stop", "late_frame"])
-def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case):
-    metric = _metric(tmp_path, LEFTOVERS)
+def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case, sandbox):
+    metric = _metric(tmp_path, LEFTOVERS, sandbox=sandbox)  # sandboxed, the worker is not this process's child
     try:
         _, score = _call(metric, case)
         assert score.result.failure is None
@@ -468,16 +471,19 @@ def score(input, output, expected=None):
 
 ESCAPES = pytest.mark.xfail(
     strict=True,
-    reason="a daemon (setsid and a double fork) started with an environment of the metric's own making carries "
-    "no worker mark and is no longer below the worker; finding it needs a cgroup or a PID namespace per worker",
+    reason="unsandboxed, a daemon (setsid and a double fork) started with an environment of the metric's own making "
+    "carries no worker mark and is no longer below the worker; sandbox=True (a PID namespace per worker) closes it",
 )
 
 
-@pytest.mark.parametrize("how", ["setsid", "daemon", "hang", pytest.param("bare_daemon", marks=ESCAPES)])
-def test_a_child_that_left_the_workers_process_group_is_stopped_with_the_worker(tmp_path, how):
+@pytest.mark.parametrize("how, sandbox", [
+    ("setsid", False), ("daemon", False), ("hang", False), pytest.param("bare_daemon", False, marks=ESCAPES),
+    ("setsid", True), ("daemon", True), ("hang", True), ("bare_daemon", True),
+])
+def test_a_child_that_left_the_workers_process_group_is_stopped_with_the_worker(tmp_path, how, sandbox):
     tag = uuid.uuid4().hex[:8]
     command = _sleeper(tag)
-    metric = _metric(tmp_path, CHILDREN)
+    metric = _metric(tmp_path, CHILDREN, sandbox=sandbox)
     try:
         _, score = _call(metric, f"{how}:{command}")
         if how == "hang":  # the call timed out: its worker was killed, and the child with it
@@ -513,11 +519,12 @@ def score(input, output, expected=None):
 '''
 
 
-def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path):
+@pytest.mark.parametrize("sandbox", [False, True])
+def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path, sandbox):
     tag = uuid.uuid4().hex[:8]
     command = _sleeper(tag)
     path = write_metric(tmp_path, PLAIN_CHILD)
-    script = write_metric(tmp_path, USER_SCRIPT, "user.py")
+    script = write_metric(tmp_path, USER_SCRIPT.replace("workers=1)", f"workers=1, sandbox={sandbox})"), "user.py")
     user = subprocess.Popen([sys.executable, str(script), str(path), command], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path)
     try:
@@ -716,19 +723,35 @@ def test_bulky_extra_values_are_bounded_so_the_call_ends_in_about_its_timeout(tm
 
 KILLS_PARENT = '''
 def score(input, output, expected=None):
-    os.kill(_users_process(), signal.SIGTERM)
+    for pid in {os.getppid(), int(input["case"].partition(":")[2])}:  # its parent, and the user's pid, told to it
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
     return 1.0, {"feedback": "ok"}
 '''
 
-
-@pytest.mark.xfail(
+UNSANDBOXED = pytest.mark.xfail(
     strict=True,
-    reason="a worker runs as the user's own uid, so it may signal the user's process (os.kill(os.getppid(), ...), "
-    "os.kill(-1, ...)); preventing it needs another uid, a PID namespace or a seccomp filter",
+    reason="unsandboxed, a worker runs as the user's own uid (root here: no ptrace rule stops it), so it may signal "
+    "the user's process and read its environment and memory in /proc; sandbox=True (a PID namespace) closes it",
 )
-def test_a_metric_cannot_kill_the_users_process(tmp_path):
+SANDBOXED = [pytest.param(False, marks=UNSANDBOXED, id="unsandboxed"), pytest.param(True, id="sandbox")]
+ROOT_UNSANDBOXED = pytest.mark.xfail(
+    os.geteuid() == 0, strict=True,
+    reason="unsandboxed, a root worker (CAP_SYS_PTRACE) reads the user's process's /proc files even though it is "
+    "not dumpable while workers live; for a user that is not root, dumpable.py closes it; sandbox=True always",
+)
+SANDBOXED_OR_NOT_ROOT = [pytest.param(False, marks=ROOT_UNSANDBOXED, id="unsandboxed"),
+                         pytest.param(True, id="sandbox")]
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXED)
+def test_a_metric_cannot_kill_the_users_process(tmp_path, sandbox):
     path = write_metric(tmp_path, FORGER + textwrap.dedent(KILLS_PARENT))
-    script = write_metric(tmp_path, USER_SCRIPT.replace("time.sleep(60)", ""), "user.py")
+    script = write_metric(tmp_path, USER_SCRIPT.replace("time.sleep(60)", "").replace(
+        '"plain:" + sys.argv[2]', '"plain:" + str(os.getpid())').replace("import sys, time", "import os, sys, time")
+        .replace("workers=1)", f"workers=1, sandbox={sandbox})"), "user.py")
     done = subprocess.run([sys.executable, str(script), str(path), "x"], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
     assert done.returncode == 0 and "scored" in done.stdout, done.returncode
@@ -736,23 +759,24 @@ def test_a_metric_cannot_kill_the_users_process(tmp_path):
 
 READS_PARENT = '''
 def score(input, output, expected=None):
-    environ = open(f"/proc/{_users_process()}/environ", "rb").read()
-    return 1.0, {"feedback": "ok", "seen": b"ATTACK_API_KEY=" in environ}
+    seen = False
+    for pid in {os.getppid(), 1, int(input["case"])}:  # its parent, the sandbox's init, the user's pid told to it
+        try:
+            seen = seen or b"ATTACK_API_KEY=" in open(f"/proc/{pid}/environ", "rb").read()
+        except OSError:
+            pass
+    return 1.0, {"feedback": "ok", "seen": seen}
 '''
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker's environment holds no keys, but a same-uid worker can read the user's process's "
-    "initial environment from /proc/<ppid>/environ; hiding it needs prctl(PR_SET_DUMPABLE, 0) in the user's "
-    "process (which also stops debuggers and profilers) or another uid",
-)
-def test_a_metric_cannot_read_the_users_keys(tmp_path):
+@pytest.mark.parametrize("sandbox", SANDBOXED_OR_NOT_ROOT)
+def test_a_metric_cannot_read_the_users_keys(tmp_path, sandbox):
     path = write_metric(tmp_path, FORGER + textwrap.dedent(READS_PARENT))
-    script = write_metric(tmp_path, textwrap.dedent('''
-        import sys, dspy, skynet_dspy
-        metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1)
-        score = metric(dspy.Example(case="x", label="yes").with_inputs("case"), dspy.Prediction(label="yes"))
+    script = write_metric(tmp_path, textwrap.dedent(f'''
+        import os, sys, dspy, skynet_dspy
+        metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1, sandbox={sandbox})
+        example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
+        score = metric(example, dspy.Prediction(label="yes"))
         print(score.result.extra.get("seen"))
     '''), "user.py")
     env = {**os.environ, "ATTACK_API_KEY": "attack-" + uuid.uuid4().hex}
@@ -760,6 +784,52 @@ def test_a_metric_cannot_read_the_users_keys(tmp_path):
                           env=env, cwd=tmp_path)
     assert done.stdout.strip() == "False", (done.stdout, done.stderr[-500:])
 
+
+READS_PARENT_MEMORY = '''
+import re
+
+def _scan(pid, needle):
+    """Whether `needle` is in the writable memory of `pid`, read through /proc/<pid>/mem."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            bounds, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            start, end = (int(part, 16) for part in bounds.split("-"))
+            try:
+                mem.seek(start)
+                if needle in mem.read(end - start):
+                    return True
+            except OSError:
+                continue
+    return False
+
+def score(input, output, expected=None):
+    seen, needle = False, ("mem" + "canary-").encode()  # never whole in this file's own text
+    for pid in {os.getppid(), 1, int(input["case"])}:
+        try:
+            seen = seen or _scan(pid, needle)
+        except OSError:
+            pass
+    return 1.0, {"feedback": "ok", "seen": seen}
+'''
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXED_OR_NOT_ROOT)
+def test_a_metric_cannot_read_a_key_given_only_in_python_from_the_users_memory(tmp_path, sandbox):
+    path = write_metric(tmp_path, FORGER + textwrap.dedent(READS_PARENT_MEMORY))
+    script = write_metric(tmp_path, textwrap.dedent(f'''
+        import os, sys, uuid, dspy, skynet_dspy
+        key = "memcanary-" + uuid.uuid4().hex  # only in this process's memory: no file, no environment
+        metric = skynet_dspy.load_metric(sys.argv[1], timeout=30, workers=1, sandbox={sandbox},
+                                         metric_lm={{"model": "openai/x", "api_key": key}})
+        example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
+        score = metric(example, dspy.Prediction(label="yes"))
+        print(score.result.failure, score.result.extra.get("seen"))
+    '''), "user.py")
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=90,
+                          cwd=tmp_path)
+    assert done.stdout.strip() == "None False", (done.stdout, done.stderr[-500:])
 
 
 # -- the same attacks under a real optimizer: dspy.GEPA and the command-line check ------------------------

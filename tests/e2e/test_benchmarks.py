@@ -50,13 +50,14 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 3. `dspy.Evaluate`", "| 4. Memory", "| 5. `dspy.Predict` on `DummyLM`",
                 "| 6. Per-call overhead of the isolation", "| 7. CPU-bound metric", "| 8a. Judge cache on disk",
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
-                "| 9d. Worker pool"):
+                "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
+                "sandbox=True", "| 12b. Worker start"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 14 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 16 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -266,9 +267,21 @@ def test_the_worker_pool_row_compares_both_start_modes_with_8_workers_each(quick
 
 def test_bad_sizes_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--only", "10"])
+        bench.main(["--only", "99"])
     assert exit_info.value.code == 2
-    assert "--only takes benchmark numbers 1-9" in capsys.readouterr().err
+    assert "--only takes benchmark numbers 1-12" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--threads", "0,2"])
     assert "threads must be at least 1" in capsys.readouterr().err
+
+
+def test_sandbox_rows_time_every_call_and_start_both_ways(quick):
+    doc, _ = quick
+    found = doc["sandbox"]
+    assert found["calls"] == bench.QUICK.sandbox_calls and found["starts"] == bench.QUICK.sandbox_starts
+    _timing(found["bare"])
+    for way in ("plain", "sandbox"):
+        _timing(found[way])
+        assert found[way]["failures"] == 0
+        assert found[way]["start_max_ms"] >= found[way]["start_median_ms"] > 0
+    assert found["first_sandboxed_load_s"] > 0

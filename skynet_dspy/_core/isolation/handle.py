@@ -21,12 +21,12 @@ import threading
 import time
 import uuid
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import WorkerError
 from ..secrets import credential_free_environment
 from ..types import MetricInfo
-from . import tree, wire
+from . import dumpable, tree, wire
 
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
@@ -46,6 +46,14 @@ THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VE
                "NUMEXPR_NUM_THREADS")
 _READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
 _NO_MESSAGE = object()  # no whole message received yet
+
+
+class Launcher(Protocol):
+    """Changes how a worker is started (sandbox.py's Sandbox: inside bubblewrap); None starts it as is."""
+
+    def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
+        """subprocess.Popen(argv, env=env, cwd=cwd, **popen), changed as the launcher needs."""
+        ...
 
 
 class Gone(Exception):
@@ -68,28 +76,46 @@ def exit_text(returncode: int | None) -> str:
 class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
-    def __init__(self, send_timeout: float, token: str | None = None) -> None:
+    _inner: int | None = None  # the worker itself, when `pid` is a launcher's process above it (a sandbox)
+    _holds_dumpable = False  # it keeps the user's process undumpable while it lives (dumpable.py)
+
+    def __init__(self, send_timeout: float, token: str | None = None, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
         set_send_timeout(ours, send_timeout)
         # marks the worker's environment, so its orphans can be found (tree.py)
         self.token = token or uuid.uuid4().hex
+        argv = [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())]
+        env, cwd = {**worker_environment(), tree.MARK: self.token}, os.getcwd()
+        dumpable.hold()  # while it lives, a same-user worker cannot read this process's memory (dumpable.py)
+        self._holds_dumpable = True
+        start = launcher.start if launcher is not None else subprocess.Popen
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())],
+            self.proc = start(
+                argv,
                 pass_fds=(theirs.fileno(),),
-                env={**worker_environment(), tree.MARK: self.token},
-                cwd=os.getcwd(),
+                env=env,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=output_stream(),
                 stderr=output_stream(),
                 start_new_session=True,  # its own process group: killing it kills what it forked
             )
-        except OSError as exc:
+        except (OSError, WorkerError) as exc:
             ours.close()
+            self._release_dumpable()
+            if isinstance(exc, WorkerError):
+                raise
             raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
         finally:
             theirs.close()
         self._attach(ours, self.proc.pid)
+        # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
+        self._inner = _innermost(self.pid) if launcher is not None else None
+
+    @property
+    def metric_pid(self) -> int:
+        """The process that runs the metric: `pid`, or the worker below a sandbox's own processes."""
+        return self._inner or self.pid
 
     @property
     def returncode(self) -> int | None:
@@ -194,7 +220,7 @@ class WorkerProcess:
             return False
         except AttributeError:  # no waitid (not Linux or macOS): exit only
             return self.proc.poll() is None
-        return changed is None
+        return changed is None and not (self._inner is not None and _stopped(self._inner))
 
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it (no zombie is left).
@@ -228,7 +254,13 @@ class WorkerProcess:
             pass
         self.kill()
 
+    def _release_dumpable(self) -> None:
+        if self._holds_dumpable:
+            self._holds_dumpable = False
+            dumpable.release()
+
     def _close(self) -> None:
+        self._release_dumpable()
         with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
             try:
                 self.conn.close()
@@ -266,6 +298,24 @@ def private_memory(pid: int) -> int | None:
         if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
             total += int(line.split()[1]) * 1024
     return total
+
+
+def _innermost(pid: int) -> int | None:
+    """The process at the bottom of the chain below `pid` (the worker under a sandbox's own processes)."""
+    below = tree.descendants(pid)
+    parents = {child: tree.parent(child) for child in below}
+    leaves = [child for child in below if child not in parents.values()]
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a tracer) or gone, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"T", b"t", b"Z", b"X")
 
 
 def _pidfd(pid: int) -> int | None:

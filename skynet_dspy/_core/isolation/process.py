@@ -49,7 +49,7 @@ from ..logs import logger
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text
 from . import wire
-from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, WorkerProcess, exit_text, private_memory
+from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, Launcher, WorkerProcess, exit_text, private_memory
 from .source import source_spec
 from .template import ForkedWorker, Template
 from .template import supported as template_supported
@@ -73,7 +73,8 @@ class ProcessExecutor:
     them (template.py), or, when forking is unsafe, in each fresh interpreter (handle.py).
 
     `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
-    own between calls (mid-call, the call fails as `memory`); `start` forces a start mode (START_MODES).
+    own between calls (mid-call, the call fails as `memory`); `start` forces a start mode (START_MODES);
+    `launcher` starts each worker another way (sandbox.py: in bubblewrap), always as a fresh interpreter.
     """
 
     def __init__(
@@ -86,13 +87,16 @@ class ProcessExecutor:
         max_calls: int | None = None,
         max_memory: int | None = None,
         start: str | None = None,
+        launcher: Launcher | None = None,
     ):
         self.timeout = timeout
+        self.launcher = launcher  # how each worker is started (sandbox.py: inside bubblewrap); None: as is
         self.feedback_limit = feedback_limit
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self.max_calls = max_calls
         self.max_memory = max_memory
-        self.start_mode = _start_mode(start)
+        # a sandboxed worker is a fresh interpreter in its own namespaces: nothing is forked across the boundary
+        self.start_mode = "fresh" if launcher is not None else _start_mode(start)
         # a call waits this long at most for a worker to start; it is never charged to the call's timeout
         self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
@@ -193,7 +197,7 @@ class ProcessExecutor:
             if not any(helper.alive for helper in self._helpers):  # the warden: ends the workers with this process
                 self._helpers.clear()
                 self._helpers.append(Template(self._pool))
-        worker = WorkerProcess(self.timeout, token)
+        worker = WorkerProcess(self.timeout, token, self.launcher)
         with self._cond:
             self._loading.add(worker)
         try:
@@ -292,7 +296,7 @@ class ProcessExecutor:
         if self.max_calls is not None and worker.calls >= self.max_calls:
             return True
         if self.max_memory is not None:
-            used = private_memory(worker.pid)
+            used = private_memory(worker.metric_pid)
             return used is not None and used > self.max_memory
         return False
 
@@ -391,7 +395,7 @@ class ProcessExecutor:
             else:
                 message = worker.wait(min(deadline, time.monotonic() + _MEMORY_CHECK))
                 if message is None and time.monotonic() < deadline:
-                    used = private_memory(worker.pid)
+                    used = private_memory(worker.metric_pid)
                     if used is not None and used > self.max_memory:
                         return Outcome(
                             failure=Failure.MEMORY,

@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from ..errors import WorkerError
-from . import tree, wire
+from . import dumpable, tree, wire
 from .handle import (
     BOOT_CODE,
     STARTUP_TIMEOUT,
@@ -74,6 +74,8 @@ class Template:
 
     def __init__(self, pool_token: str) -> None:
         ours, theirs = socket.socketpair()
+        dumpable.hold()  # it imports the metric and forks workers: while it lives, they cannot read our memory
+        self._holds_dumpable = True
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-c", _TEMPLATE_CODE, str(theirs.fileno())],
@@ -87,6 +89,7 @@ class Template:
             )
         except OSError as exc:
             ours.close()
+            self._release_dumpable()
             raise WorkerError(f"could not start the metric's template process ({sys.executable}): {exc}") from None
         finally:
             theirs.close()
@@ -155,6 +158,12 @@ class Template:
         except OSError:
             pass
         self.proc.wait()
+        self._release_dumpable()
+
+    def _release_dumpable(self) -> None:
+        if self._holds_dumpable:
+            self._holds_dumpable = False
+            dumpable.release()
 
     def close(self) -> None:
         """Stop the template (it kills what is left of the pool first)."""

@@ -39,6 +39,15 @@ def _processes() -> dict[int, int]:
     return parents
 
 
+def parent(pid: int) -> int | None:
+    """The parent of `pid`, from /proc; None when it is gone (or without /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return int(file.read().rpartition(b")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """The live processes below `pid` in the process tree."""
     children: dict[int, list[int]] = {}

@@ -1,0 +1,263 @@
+"""sandbox=True: each metric worker runs inside bubblewrap (`bwrap`), in Linux namespaces of its own.
+
+A worker then has its own PID namespace (it sees and can signal only its own processes, and everything it
+starts dies with it), no network unless asked, a read-only view of what Python needs (the interpreter, its
+libraries, the import path, the metric's folder), a private /tmp, nothing else of the user's home, and no
+capabilities (a user namespace of its own, even when the user is root). bubblewrap is Flatpak's sandbox, a
+small setuid-free C program; no Python library does this, so the command line is built here.
+
+bwrap is started with the worker's credential-free environment (its own init process, PID 1 inside, keeps
+the environment it was started with, readable in /proc/1/environ), so nothing else is put on its command
+line. A machine where bwrap is missing or cannot create namespaces is a clear error, never a silent
+unsandboxed run: `Sandbox.check()` starts one real sandbox at load_metric().
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import WorkerError
+
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; Arch: "
+    "pacman -S bubblewrap) so that `bwrap` is on PATH, or load the metric without sandbox=True"
+)
+USERNS_HINT = (
+    "bubblewrap needs user namespaces: enable them (sysctl user.max_user_namespaces=15000; on Debian before 11 "
+    "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ kernel.apparmor_restrict_unprivileged_userns=0 or an "
+    "AppArmor profile allowing bwrap 'userns'); in a Docker container, run it with --security-opt "
+    "seccomp=unconfined --security-opt apparmor=unconfined (or --privileged)"
+)
+_CHECK_TIMEOUT = 60.0  # seconds one trial sandbox may take to start on a loaded machine
+# The parts of /etc a Python program needs (libraries, time zone, names of users, certificates): not all of
+# /etc, which holds secrets a root user could read (/etc/shadow, ssh host keys).
+_ETC = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "zoneinfo", "passwd", "group",
+    "nsswitch.conf", "host.conf", "hosts", "gai.conf", "services", "protocols", "mime.types", "ssl",
+    "ca-certificates", "pki", "alternatives", "os-release", "fonts", "matplotlibrc",
+)
+_SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt")
+# Sets the memory limit, then becomes the worker: bwrap has no option for resource limits, and a limit set
+# before the fork in the user's process would need preexec_fn, which is unsafe beside DSPy's threads.
+_LIMIT_CODE = (
+    "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+_checked: set[tuple[str, ...]] = set()  # command lines that started a trial sandbox in this process
+_check_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How to start a worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is handle.py's launcher hook.
+
+    network: keep the host's network (False: a network namespace with only its own loopback).
+    read_only: further folders or files the worker may read (the metric's folder; what sys.path names is
+        always readable). max_memory: bytes of address space each worker process may map (RLIMIT_AS).
+    """
+
+    network: bool = False
+    read_only: tuple[str, ...] = ()
+    max_memory: int | None = None
+    bwrap: str = field(default="", compare=False)
+
+    def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
+        """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
+        wrapped, env, cwd = self.wrap(argv, env, cwd)
+        return _spawner().run(lambda: subprocess.Popen(wrapped, env=env, cwd=cwd, **popen))
+
+    def wrap(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]:
+        """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through."""
+        bwrap = self.bwrap or find_bwrap()
+        env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
+        readable = _readable(self.read_only)
+        inside_cwd = cwd if any(_under(cwd, path) for path in readable) else "/tmp"
+        command = list(argv)
+        if self.max_memory is not None:
+            command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
+        return [bwrap, *self.options(readable), "--chdir", inside_cwd, "--", *command], env, "/"
+
+    def options(self, readable: Sequence[str] | None = None) -> list[str]:
+        """bwrap's options, everything but the command."""
+        args = [
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        ]
+        if not self.network:
+            args.append("--unshare-net")
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for path in _SYSTEM:
+            if os.path.islink(path):  # /lib -> usr/lib on a merged-/usr system: the same link inside
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        for name in _ETC:
+            path = f"/etc/{name}"
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        if self.network and os.path.exists("/etc/resolv.conf"):
+            args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        for path in readable if readable is not None else _readable(self.read_only):
+            args += ["--ro-bind", path, path]
+        return args
+
+    def check(self) -> None:
+        """Start one sandbox with this configuration, once per process: a WorkerError saying what to install
+        or enable when it cannot start (no bwrap, no user namespaces, not Linux)."""
+        if not sys.platform.startswith("linux"):
+            raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")
+        bwrap = self.bwrap or find_bwrap()
+        argv, env, cwd = Sandbox(self.network, self.read_only, self.max_memory, bwrap).wrap(
+            [sys.executable, "-I", "-c", "pass"], _plain_environment(), os.getcwd()
+        )
+        key = tuple(argv)
+        with _check_lock:
+            if key in _checked:
+                return
+            try:
+                done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                      text=True, errors="replace", timeout=_CHECK_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise WorkerError(f"a trial sandbox (bwrap) did not start within {_CHECK_TIMEOUT:g} s") from None
+            except OSError as exc:
+                raise WorkerError(f"could not start bubblewrap ({bwrap}): {exc}; {INSTALL_HINT}") from None
+            if done.returncode != 0:
+                said = done.stderr.strip()[-600:] or f"exit code {done.returncode}"
+                namespaces = any(word in said.lower() for word in ("namespace", "uid map", "permission", "userns"))
+                hint = USERNS_HINT if namespaces else "see bwrap's message above"
+                raise WorkerError(f"sandbox=True: bubblewrap could not start a sandbox here ({said}); {hint}")
+            _checked.add(key)
+
+
+def sandbox_for(
+    source: Any, sandbox: bool, network: bool, isolation: str = "process", max_memory: int | None = None,
+) -> Sandbox | None:
+    """The Sandbox for load_metric's options (checked: one trial sandbox starts), or None for sandbox=False."""
+    if sandbox not in (True, False) or network not in (True, False):
+        raise TypeError(f"sandbox= and sandbox_network= are True or False, got {sandbox!r} and {network!r}")
+    if not sandbox:
+        if network:
+            raise ValueError("sandbox_network=True lets a sandboxed worker use the network; it needs sandbox=True")
+        return None
+    if isolation != "process":
+        raise ValueError(
+            "sandbox=True runs the metric in sandboxed worker processes; it cannot be combined with "
+            f"isolation={isolation!r} (score would run in this process). Drop isolation= or sandbox="
+        )
+    found = Sandbox(network=network, read_only=folders_of(source), max_memory=max_memory, bwrap=find_bwrap())
+    found.check()
+    return found
+
+
+class _Spawner:
+    """One long-lived thread that starts every sandbox of this process.
+
+    `bwrap --die-with-parent` is PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, not
+    the process: a worker started on one of DSPy's or GEPA's short-lived threads would be killed when that
+    thread finished. Started from this thread, which lives as long as the process, the sandboxes die with
+    the user's process and only then (measured: a worker started on a thread that ended got SIGKILL).
+    """
+
+    def __init__(self) -> None:
+        import queue
+
+        self.owner = os.getpid()
+        self._tasks: queue.SimpleQueue[tuple[Any, dict[str, Any], threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="skynet-sandbox-spawner", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            work, box, done = self._tasks.get()
+            try:
+                box["value"] = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+            done.set()
+
+    def run(self, work: Any) -> Any:
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._tasks.put((work, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+_spawners: dict[int, _Spawner] = {}
+
+
+def _spawner() -> _Spawner:
+    """This process's spawner (a fork of the user's process gets its own: threads do not survive a fork)."""
+    with _check_lock:
+        found = _spawners.get(os.getpid())
+        if found is None:
+            found = _spawners[os.getpid()] = _Spawner()
+        return found
+
+
+def find_bwrap() -> str:
+    """The path of `bwrap` on PATH, or a WorkerError saying how to install it."""
+    found = shutil.which("bwrap")
+    if found is None:
+        raise WorkerError(f"sandbox=True runs the metric's workers under bubblewrap, but `bwrap` is not on PATH; "
+                          f"{INSTALL_HINT}")
+    return found
+
+
+def folders_of(source: Any) -> tuple[str, ...]:
+    """The folder a metric (or run.py) comes from, for a read-only view inside the sandbox."""
+    file: Any = None
+    if isinstance(source, (str, Path)):
+        file = source
+    elif isinstance(source, ModuleType):
+        file = getattr(source, "__file__", None)
+    elif callable(source):
+        file = getattr(getattr(source, "__code__", None), "co_filename", None)
+    if not file:
+        return ()
+    folder = os.path.dirname(os.path.abspath(os.fspath(file)))
+    return (folder,) if os.path.isdir(folder) else ()
+
+
+def _readable(extra: Iterable[str]) -> list[str]:
+    """What a worker may read besides the system: the interpreter's prefixes, the import path, `extra`.
+
+    Only what exists, each once (a path under another one already given is left out).
+    """
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(sys.executable)]
+    candidates += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    candidates += [entry or os.getcwd() for entry in sys.path]
+    candidates += list(extra)
+    candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
+    home = os.path.expanduser("~")
+    found: list[str] = []
+    for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
+        if not os.path.exists(path) or _under(home, path) or any(_under(path, kept) for kept in found):
+            continue  # never "/" nor the whole home (a notebook started in ~ has it on its import path)
+        if any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)):
+            continue
+        found.append(path)
+    return found
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _plain_environment() -> dict[str, str]:
+    from ..secrets import credential_free_environment
+
+    return credential_free_environment()

@@ -1,0 +1,82 @@
+"""runner.py through the public API: make_evaluator(run_isolation="process") runs run(artifact, input) in workers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import skynet_dspy
+from skynet_dspy import Failure
+
+EXAMPLE = {"input": {"x": 3}, "expected": {"y": 6}}
+
+
+def score(input, output, expected=None):
+    return float(output == expected["y"]), {"feedback": f"got {output!r}"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"run_isolation": "subprocess"}, "run_isolation must be 'thread' .* or 'process'"),
+    ({"run_timeout": 5}, "run_timeout= bounds run.* needs run_isolation='process'"),
+    ({"run_isolation": "process", "run_timeout": 0}, "timeout"),
+])
+def test_run_options_that_cannot_hold_are_clear_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        skynet_dspy.make_evaluator(lambda artifact, input: artifact, score, **options)
+
+
+def test_run_happens_in_another_process_and_its_plain_output_reaches_the_metric():
+    here = os.getpid()
+
+    def run(artifact, input):
+        import os
+
+        return input["x"] * 2 if os.getpid() != here else "ran in the user's process"
+
+    with skynet_dspy.make_evaluator(run, score, run_isolation="process") as evaluator:
+        assert evaluator("any", EXAMPLE) == (1.0, {"feedback": "got 6"})
+        pids = evaluator.workers.executor.worker_pids
+        assert pids and here not in pids
+    assert evaluator.workers.executor.worker_pids == []
+    evaluator.metric.close()
+
+
+def test_an_output_that_is_not_plain_data_arrives_as_its_repr():
+    class Answer:
+        def __repr__(self):
+            return "Answer(6)"
+
+    with skynet_dspy.make_evaluator(lambda artifact, input: Answer(), score, run_isolation="process") as evaluator:
+        assert evaluator("any", EXAMPLE) == (0.0, {"feedback": "got 'Answer(6)'"})
+    evaluator.metric.close()
+
+
+def test_a_run_that_cannot_be_sent_to_a_worker_is_a_clear_error_naming_run_isolation_thread():
+    import threading
+
+    lock = threading.Lock()
+
+    def run(artifact, input):
+        with lock:  # a lock cannot be pickled
+            return artifact
+
+    with pytest.raises(skynet_dspy.MetricLoadError,
+                       match="run cannot be sent to a worker process.*run_isolation='thread'"):
+        skynet_dspy.make_evaluator(run, score, run_isolation="process")
+
+
+def test_a_hanging_run_costs_its_timeout_and_the_next_evaluation_scores():
+    def run(artifact, input):
+        import time
+
+        if artifact == "hang":
+            time.sleep(10**6)
+        return input["x"] * 2
+
+    with skynet_dspy.make_evaluator(run, score, run_isolation="process", run_timeout=0.5) as evaluator:
+        hung = evaluator.evaluate("hang", EXAMPLE)
+        assert hung.failure is Failure.RUN_EXCEPTION and "did not return within 0.5 s" in hung.feedback
+        assert evaluator("fine", EXAMPLE) == (1.0, {"feedback": "got 6"})
+        assert evaluator.stats["run_exception"] == 1
+    evaluator.metric.close()

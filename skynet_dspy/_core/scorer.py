@@ -20,6 +20,7 @@ from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_
 from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
 from .isolation import Executor
 from .isolation.process import ProcessExecutor
+from .isolation.ray_cluster import RayCluster, RayExecutor
 from .isolation.thread import ThreadExecutor
 from .loading import load
 from .logs import logger
@@ -27,7 +28,7 @@ from .reward import validate_spec
 from .types import Failure, MetricInfo, Observation, Outcome, ProgramUsage, Result
 from .values import finite_number, whole_number
 
-ISOLATIONS = ("process", "thread")
+ISOLATIONS = ("process", "thread", "ray")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
 _SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR})
 
@@ -80,7 +81,7 @@ class Scorer:
         timeout: float,
         failure_score: float,
         feedback_limit: int,
-        isolation: str = "process",
+        isolation: str | RayCluster = "process",
         workers: int | None = None,
         llm: LLMHandler | None = None,
         setup_hint: str = "",
@@ -88,15 +89,21 @@ class Scorer:
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
         self.feedback_limit = check_feedback_limit(feedback_limit)
-        if isolation not in ISOLATIONS:
-            raise ValueError(f"isolation must be 'process' (the default) or 'thread', got {isolation!r}")
+        cluster = RayCluster() if isolation == "ray" else isolation if isinstance(isolation, RayCluster) else None
+        if cluster is None and isolation not in ISOLATIONS:
+            raise ValueError(
+                f"isolation must be 'process' (the default), 'thread', 'ray' or a skynet_dspy.RayCluster(...), "
+                f"got {isolation!r}"
+            )
         if workers is not None:
             whole_number("workers", workers, minimum=1, unit="worker processes")
-        self.isolation = isolation
+        self.isolation = "ray" if cluster is not None else str(isolation)
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
-        if isolation == "process":
-            self.executor: Executor = ProcessExecutor(
+        if cluster is not None:
+            self.executor: Executor = RayExecutor(source, self.timeout, self.feedback_limit, cluster, workers)
+        elif isolation == "process":
+            self.executor = ProcessExecutor(
                 source, self.timeout, self.feedback_limit, workers
             )
         else:
@@ -128,7 +135,7 @@ class Scorer:
             with self._lock:
                 self._streak = 0
             result = finish_feedback(outcome.result, self.feedback_limit)
-            if result.extra and self.isolation == "process":
+            if result.extra and self.isolation != "thread":
                 result = replace(result, extra=_redacted(result.extra))
             if result.scores:  # the names reach the optimizer, like the feedback: no key among them
                 names = {secrets.redact(name): value for name, value in result.scores.items()}

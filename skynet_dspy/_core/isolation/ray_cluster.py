@@ -46,7 +46,7 @@ from ..errors import (
     judge_error,
     judge_failure,
 )
-from ..secrets import credential_free_environment, is_credential_name, looks_like_credential
+from ..secrets import MIN_ENV_LENGTH, credential_free_environment, is_credential_name, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text, whole_number
 from . import tree, wire
@@ -116,8 +116,10 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     env_vars = runtime_env.get("env_vars") or {}
     if not isinstance(env_vars, Mapping):
         raise TypeError("runtime_env['env_vars'] must be a dict of environment variables")
-    for name in env_vars:
-        if is_credential_name(str(name)):
+    for name, value in env_vars.items():
+        # the rule of the workers' environment (secrets.credential_free_environment): TOKENIZERS_PARALLELISM=false
+        # is a setting, not a key
+        if is_credential_name(str(name)) and len(str(value)) >= MIN_ENV_LENGTH:
             raise ValueError(
                 f"runtime_env['env_vars'] holds {name}, whose name says it is a credential: keys stay on this "
                 "machine (llm() from the cluster is served here, with this process's keys). Remove it; a metric "

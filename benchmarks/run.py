@@ -14,7 +14,9 @@ Eight benchmarks, each against its baseline in the same run:
 7. a CPU-bound metric (about 20 ms of pure Python per call) under dspy.Evaluate(num_threads=4):
    worker processes vs threads;
 8. the judge cache that outlives the process: two identical dspy.GEPA runs in sequence on one disk
-   cache, and two at once in two processes sharing one Redis cache (judge requests and dollars).
+   cache, and two at once in two processes sharing one Redis cache (judge requests and dollars);
+9. isolation="ray" on a local Ray vs processes: per-call overhead, a CPU-bound metric's throughput, the
+   driver's CPU time per call and the calls/s one driver can sustain (benchmarks/ray_cluster.py).
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -39,10 +41,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache"}
+         8: "judge_cache", 9: "ray_cluster"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 5, 7, 4, 2, 8, 3)
+ORDER = (1, 6, 5, 7, 4, 2, 8, 3, 9)
 
 
 @dataclass
@@ -65,11 +67,13 @@ class Sizes:
     isolation_calls: int = 20_000  # 6: calls timed per isolation
     cpu_examples: int = 200  # 7: dspy.Evaluate examples per isolation
     cpu_repeats: int = 2  # 7: runs per isolation, the fastest counts
+    ray_calls: int = 2000  # 9: calls timed one at a time, and calls from many threads for the driver's CPU
+    ray_cpu_examples: int = 100  # 9: dspy.Evaluate examples of the CPU-bound metric per isolation
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
-              isolation_calls=500, cpu_examples=8, cpu_repeats=1)
+              isolation_calls=500, cpu_examples=8, cpu_repeats=1, ray_calls=100, ray_cpu_examples=8)
 
 
 def _quiet() -> None:
@@ -161,6 +165,12 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
         say(f"judge cache: budget {sizes.gepa_budget}, two GEPA runs on one disk cache, then two processes on one "
             "Redis cache ...")
         return judge_cache.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
+    if number == 9:
+        from benchmarks import ray_cluster
+
+        say(f"isolation=\"ray\" on a local Ray vs processes: {sizes.ray_calls:,} calls, {sizes.ray_cpu_examples} "
+            "CPU-bound examples ...")
+        return ray_cluster.run(sizes.ray_calls, sizes.ray_cpu_examples, sizes.ray_calls)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -319,6 +329,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         ))
     if "judge_cache" in doc:
         out += _judge_cache_rows(doc["judge_cache"])
+    if "ray_cluster" in doc:
+        from benchmarks import ray_cluster
+
+        out += ray_cluster.rows(doc["ray_cluster"])
     return out
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from benchmarks import run as bench
 
+pytestmark = pytest.mark.xdist_group("ray")  # benchmark 9 runs on a local Ray: with the other Ray tests, one at a time
+
 ISOLATIONS = ("process", "thread")
 
 
@@ -55,7 +57,7 @@ def test_the_table_has_every_row_and_the_machine(quick):
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 10 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 13 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -247,6 +249,19 @@ def test_memory_row_reads_rss_through_the_whole_loop(quick):
     adapter = memory["adapter"]["readings"]
     assert memory["workers_growth_mb"] == pytest.approx(adapter[-1]["workers_rss_mb"] - adapter[1]["workers_rss_mb"])
     assert memory["target_met"] == (memory["second_half_growth_mb"] < memory["flat_mb"])
+
+
+def test_ray_rows_time_ray_and_processes_side_by_side(quick):
+    found = quick[0]["ray_cluster"]
+    for name in ("ray", "process", "bare"):
+        _timing(found["per_call"][name])
+    assert found["failures"] == {"process": 0, "ray": 0}
+    for name in ("ray", "process"):
+        driver = found["driver"][name]
+        assert driver["calls"] > 0 and _finite_positive(driver["driver_cpu_ms_per_call"])
+        assert _finite_positive(driver["sustainable_calls_per_s"]) and _finite_positive(driver["calls_per_s"])
+        assert _finite_positive(found["cpu_bound"][name]["examples_per_s"])
+    assert found["ray_workers_after_runs"] >= 1
 
 
 def test_bad_sizes_are_refused_with_a_message(capsys):

@@ -1,4 +1,5 @@
-"""Where a metric's calls run: worker processes (process.py, the default) or threads (thread.py).
+"""Where a metric's calls run: worker processes (process.py, the default), threads (thread.py) or a Ray cluster
+(ray_cluster.py).
 
 Both keep to one small interface, so another engine (a cluster, say) can stand in without touching the scorer.
 """

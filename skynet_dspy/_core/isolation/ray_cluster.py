@@ -468,7 +468,7 @@ class RayExecutor:
         with self._placing:
             self._refreshed = time.monotonic()
             with self._cond:
-                hosted = {host.node_id for host in self._hosts if not host.lost}
+                hosted = {host.node_id for host in self._hosts}
             remote = self._ray.remote(_NodeHost)
             started = []
             for node_id, capacity in self._alive_nodes():
@@ -482,7 +482,10 @@ class RayExecutor:
                     options["runtime_env"] = self._runtime_env
                 actor = self._call(remote.options(**options).remote, self._source, self.timeout, self.feedback_limit,
                                    capacity)
-                started.append((_Host(actor, node_id, capacity), self._call(actor.load.remote)))
+                host = _Host(actor, node_id, capacity, lost=True)  # lost (takes no call) until it has loaded
+                with self._cond:
+                    self._hosts.append(host)  # so close() stops it even while it loads
+                started.append((host, self._call(actor.load.remote)))
             info, problem = None, None
             for host, ref in started:
                 try:
@@ -492,11 +495,13 @@ class RayExecutor:
                 if reply.get("kind") == "loaded" and isinstance(reply.get("info"), dict):
                     info = info or wire.info_from_plain(reply["info"])
                     with self._cond:
-                        self._hosts.append(host)
+                        host.lost = False
                         self._cond.notify_all()
                     continue
                 problem = problem or reply
                 self._kill(host)
+                with self._cond:
+                    self._hosts.remove(host)
             if info is not None or not initial:
                 if problem is not None:
                     logger.warning("skynet-dspy: a Ray node could not load the metric and takes no calls: %s",
@@ -557,6 +562,8 @@ class RayExecutor:
         """A host that died, or did not answer in time: no more calls go there (its calls in flight fail)."""
         with self._cond:
             host.lost = True
+            if host in self._hosts:
+                self._hosts.remove(host)
             self._cond.notify_all()
         self._refreshed = 0.0  # look for a replacement at the next call
         self._kill(host)
@@ -675,7 +682,7 @@ class RayExecutor:
                 return
             hosts = list(self._hosts)
         stops = []
-        for host in hosts:
+        for host in (host for host in hosts if not host.lost):
             try:
                 stops.append(self._call(host.actor.stop.remote))
             except Exception:  # noqa: BLE001 - a lost host has nothing to stop

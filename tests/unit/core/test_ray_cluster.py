@@ -373,3 +373,38 @@ def _ray_marked() -> set[int]:
             except OSError:
                 pass
     return {pid for pid in found if _alive(pid)}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_metric_that_cannot_load_on_the_cluster_is_a_load_error_naming_why(local_ray, tmp_path):
+    broken = write_metric(tmp_path, "import no_such_module_anywhere\ndef score(input, output, expected=None):\n"
+                          "    return 1.0, {'feedback': 'x'}\n")
+    with pytest.raises(skynet_dspy.MetricLoadError, match="on the Ray cluster: .*no_such_module_anywhere"):
+        skynet_dspy.load_metric(broken, isolation="ray")
+    with pytest.raises(FileNotFoundError, match="metric file not found"):
+        skynet_dspy.load_metric(tmp_path / "missing.py", isolation="ray")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(ValueError, match=r"is not inside runtime_env\['working_dir'\]"):
+        skynet_dspy.load_metric(write_metric(tmp_path, ENV_METRIC),
+                                isolation=RayCluster(runtime_env={"working_dir": str(elsewhere)}))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_the_metric_folder_travels_with_it_and_a_given_working_dir_is_used(local_ray, tmp_path):
+    folder = tmp_path / "project"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "metrics" / "helper_words.py").write_text("WORD = 'shipped'\n")
+    path = write_metric(folder / "metrics", """
+        import os
+        from helper_words import WORD
+        def score(input, output, expected=None):
+            return 1.0, {"feedback": WORD, "cwd": os.getcwd()}
+    """)
+    for cluster in (RayCluster(), RayCluster(runtime_env={"working_dir": str(folder)})):
+        with skynet_dspy.load_metric(path, isolation=cluster) as metric:
+            result = metric.score({}, 1)
+            assert result.ok and result.feedback == "shipped", result.detail
+            assert not result.extra["cwd"].startswith(str(tmp_path))  # it ran on the node's copy of the folder

@@ -132,10 +132,10 @@ def rows(found: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
             f"9a. Per-call overhead, `metric.score(...)` with isolation=\"ray\" (a local Ray {found['ray_version']}, "
             f"started in {found['ray_start_s']:.1f} s) from another thread, {found['calls']:,} calls, one at a time",
             f"ray: median {_us(ray['median_us'])}, p90 {_us(ray['p90_us'])}",
-            f"isolation=\"process\": median {_us(process['median_us'])}, p90 {_us(process['p90_us'])}; bare "
-            f"`score()`: median {_us(per_call['bare']['median_us'])}",
-            f"ray +{_us(ray['overhead_median_us'])} median over bare, {ray['median_us'] / process['median_us']:.1f}× "
-            "process",
+            f"isolation=\"process\": median {_us(process['median_us'])}, p90 {_us(process['p90_us'])}; the "
+            f"metric's own function alone: median {_us(per_call['bare']['median_us'])}",
+            f"ray +{_us(ray['overhead_median_us'])} median over the function alone, "
+            f"{ray['median_us'] / process['median_us']:.1f}× process",
             "figures only",
         ),
         (

@@ -2,7 +2,7 @@
 
 One Ray per test run: the tests that need Ray share a session fixture and the xdist group "ray" (make test
 runs pytest with --dist loadgroup, so they run in one xdist worker). The package's own local Ray, two
-simulated nodes (ray.cluster_utils.Cluster) and the command line each run in a subprocess of their own.
+simulated nodes (ray.cluster_utils.Cluster) each run in a subprocess of their own.
 """
 
 from __future__ import annotations
@@ -340,7 +340,9 @@ def test_two_nodes_share_the_calls_and_a_lost_node_scores_its_call_crashed(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_the_command_line_scores_on_ray_and_leaves_nothing_behind(tmp_path):
+def test_the_command_line_scores_on_ray(local_ray, tmp_path, capsys):
+    from skynet_dspy._cli import main
+
     path = write_metric(tmp_path, """
         def score(input, output, expected=None):
             return (1.0 if output == expected["label"] else 0.0), {"feedback": "checked"}
@@ -350,15 +352,12 @@ def test_the_command_line_scores_on_ray_and_leaves_nothing_behind(tmp_path):
                             + "\n" for i in range(6)))
     out = tmp_path / "rows.jsonl"
     before = _ray_marked()
-    done = subprocess.run(
-        [sys.executable, "-m", "skynet_dspy", "score", str(path), "--data", str(data), "--out", str(out),
-         "--isolation", "ray"], capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]  # every call worked (a score of 0 is a result, not a failure)
-    assert "every call worked" in done.stderr
+    assert main(["score", str(path), "--data", str(data), "--out", str(out), "--isolation", "ray"]) == 0
+    assert "every call worked" in capsys.readouterr().err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["score"] for row in rows] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert _ray_marked() - before == set()
+    assert local_ray.is_initialized()  # the user's Ray was used, and is left connected
 
 
 def _ray_marked() -> set[int]:

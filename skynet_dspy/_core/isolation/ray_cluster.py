@@ -790,7 +790,7 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
     module = sys.modules.get(getattr(source, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
-        env["working_dir"] = str(Path(file).resolve().parent)
+        env["working_dir"] = str(_import_root(module.__name__, Path(file).resolve()))
     try:
         return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env
     except Exception as exc:
@@ -843,6 +843,12 @@ def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
             f"the metric file {path} is not inside runtime_env['working_dir'] ({folder}), so it would not reach the "
             "nodes; move it there, or leave working_dir out (the metric's folder is shipped)"
         ) from None
+
+
+def _import_root(name: str, file: Path) -> Path:
+    """The folder from which `import name` finds `file` (for a.b in /x/a/b.py: /x)."""
+    depth = name.count(".") + 1 + (file.name == "__init__.py")
+    return file.parents[depth - 1] if depth <= len(file.parents) else file.parent
 
 
 def _users_own(file: str) -> bool:

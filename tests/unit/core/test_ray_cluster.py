@@ -407,3 +407,75 @@ def test_the_metric_folder_travels_with_it_and_a_given_working_dir_is_used(local
             result = metric.score({}, 1)
             assert result.ok and result.feedback == "shipped", result.detail
             assert not result.extra["cwd"].startswith(str(tmp_path))  # it ran on the node's copy of the folder
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_optimize_anything_with_64_workers_scores_on_ray(local_ray, server):
+    from unit.test_gepa import HINT, KEY, REFLECTION_MARK, QuietLogger
+
+    namespace: dict = {"__name__": "__main__", "HINT": HINT}  # defined as in a notebook: sent by value
+    exec(textwrap.dedent("""
+        def ticket_metric(input, output, expected=None):
+            right = output == expected["code"]
+            return float(right), {"feedback": "Correct." if right else f"Wrong: mention the phrase '{HINT}'."}
+    """), namespace)
+    ticket_metric = namespace["ticket_metric"]
+
+    tickets = [f"Ticket {word}: the order arrived damaged" for word in ("amber", "basil", "cedar", "dune")]
+    codes = {ticket: f"RC-{index:04d}" for index, ticket in enumerate(tickets)}
+
+    def responder(request):
+        import re
+
+        if REFLECTION_MARK in request.text:
+            current = re.search(r"```\n(.*?)\n```", request.text, re.S).group(1)
+            return f"```\n{current} Answer with the {HINT}.\n```"
+        ticket = next(ticket for ticket in tickets if ticket in request.text)
+        return codes[ticket] if HINT in request.text else "general"
+
+    server.responder = responder
+
+    def run(template, input):
+        import litellm
+
+        reply = litellm.completion(model="openai/gpt-4o-mini", api_base=server.url, api_key=KEY,
+                                   messages=[{"role": "user", "content": template.format(**input)}])
+        return reply.choices[0].message.content.strip()
+
+    data = [skynet_dspy.split_row({"ticket": ticket, "code": codes[ticket]}, inputs=["ticket"], outputs=["code"])
+            for ticket in tickets]
+    with skynet_dspy.load_metric(ticket_metric, isolation="ray") as metric:
+        result = skynet_dspy.optimize_anything(
+            "Classify the ticket: {ticket}", run, metric, trainset=data[:2], valset=data[2:],
+            reflection_lm=dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key=KEY, cache=False),
+            max_metric_calls=16, max_workers=64, logger=QuietLogger(),
+        )
+        assert result.val_aggregate_scores[0] == 0.0 and max(result.val_aggregate_scores) == 1.0
+        assert metric.stats["calls"] >= 4 and metric.stats.get("crashed", 0) == metric.stats.get("exception", 0) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_package_of_the_users_travels_and_its_functions_import_on_the_nodes(local_ray, tmp_path, monkeypatch):
+    package = tmp_path / "src" / "my_metrics_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "words.py").write_text("WORD = 'from my package'\n")
+    (package / "scoring.py").write_text(textwrap.dedent("""
+        from my_metrics_pkg.words import WORD
+        def score(input, output, expected=None):
+            return 1.0, {"feedback": WORD}
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    import importlib
+
+    module = importlib.import_module("my_metrics_pkg.scoring")
+    try:
+        for source in (module, module.score):  # the module by name (py_modules); the function by reference
+            with skynet_dspy.load_metric(source, isolation="ray") as metric:
+                result = metric.score({}, 1)
+                assert result.ok and result.feedback == "from my package", result.detail
+    finally:
+        for name in [name for name in sys.modules if name.startswith("my_metrics_pkg")]:
+            del sys.modules[name]

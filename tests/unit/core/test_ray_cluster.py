@@ -86,6 +86,15 @@ def test_a_runtime_env_carrying_a_credential_is_refused():
         RayCluster(runtime_env=["pip"])  # type: ignore[arg-type]
 
 
+def test_the_package_imports_ray_only_when_isolation_ray_is_used(tmp_path):
+    code = ("import sys, skynet_dspy, skynet_dspy._core.scorer\n"
+            f"metric = skynet_dspy.load_metric({str(write_metric(tmp_path, ENV_METRIC))!r})\n"
+            "assert metric.score({}, 1).ok and skynet_dspy.RayCluster(workers_per_node=2).workers_per_node == 2\n"
+            "assert 'ray' not in sys.modules, 'ray imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_an_unknown_isolation_names_ray_among_the_choices(tmp_path):
     with pytest.raises(ValueError, match=r"'thread', 'ray' or a skynet_dspy.RayCluster"):
         skynet_dspy.load_metric(write_metric(tmp_path, ENV_METRIC), isolation="cluster")

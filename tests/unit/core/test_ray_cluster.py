@@ -162,7 +162,13 @@ def test_a_c_level_loop_is_ended_at_its_timeout_and_the_next_call_succeeds(local
         after = metric.score({"case": "fine"}, 1)
         assert after.ok and after.score == 1.0
         assert after.extra["parent"] == host["host"]  # the same node host: the actor lived, its worker was replaced
-        assert [entry["host"] for entry in metric.scorer.executor.host_pids()] == [host["host"]]
+        [host] = metric.scorer.executor.host_pids()
+        assert host["host"] == after.extra["parent"] and host["workers"]
+    for _ in range(100):  # close() stopped the node host (a Ray actor of the package's) and its workers
+        if not any(_alive(pid) for pid in [host["host"], *host["workers"]]):
+            break
+        time.sleep(0.1)
+    assert not [pid for pid in [host["host"], *host["workers"]] if _alive(pid)]
 
 
 @pytest.mark.slow

@@ -811,8 +811,14 @@ def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
         return runtime_env
     import tempfile
 
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    except ImportError as exc:
+        raise WorkerError(
+            f"this version of Ray lacks what skynet-dspy uses to ship the metric's code ({exc}; checked against ray "
+            "2.60): install skynet-dspy[ray]'s ray, or give runtime_env={'working_dir': 'gcs://...' or an s3:// URI}"
+        ) from None
 
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
     with tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:

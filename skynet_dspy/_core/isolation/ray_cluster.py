@@ -817,7 +817,7 @@ def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
     except ImportError as exc:
         raise WorkerError(
             f"this version of Ray lacks what skynet-dspy uses to ship the metric's code ({exc}; checked against ray "
-            "2.60): install skynet-dspy[ray]'s ray, or give runtime_env={'working_dir': 'gcs://...' or an s3:// URI}"
+            "2.60): pip install 'skynet-dspy[ray]' to get a Ray it knows"
         ) from None
 
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"

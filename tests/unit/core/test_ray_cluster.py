@@ -78,6 +78,8 @@ def test_a_runtime_env_carrying_a_credential_is_refused():
     with pytest.raises(ValueError, match=r"runtime_env\['pip'\]\[0\] holds what looks like a credential") as raised:
         check_runtime_env({"pip": ["https://me:hunter2secret@pypi.example.com/simple/pkg"]})
     assert "hunter2secret" not in str(raised.value)
+    with pytest.raises(ValueError, match=r"runtime_env\['env_vars'\]\['SETTINGS'\] holds what looks like a credential"):
+        RayCluster(runtime_env={"env_vars": {"SETTINGS": "sk-proj-abcdefghijklmnop"}})  # a key under a plain name
     settings = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}  # settings, as for local workers
     RayCluster(runtime_env={"env_vars": settings, "pip": ["numpy"]})
     with pytest.raises(ValueError, match="workers_per_node"):

@@ -187,7 +187,9 @@ class _Session:
     def _start_local(self) -> str:
         """Start a local Ray in a helper process with a credential-free environment; its GCS address."""
         self.token = uuid.uuid4().hex
-        env = {**credential_free_environment(), tree.MARK: f"ray-{self.token}", "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**credential_free_environment(), tree.MARK: f"ray-{self.token}", "RAY_USAGE_STATS_ENABLED": "0",
+               # a setting, not a key (though its name says AUTH): the driver must connect in the same mode
+               "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
         self.helper = subprocess.Popen(
             [sys.executable, "-c", _HELPER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, start_new_session=True,

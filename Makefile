@@ -27,7 +27,7 @@ demo: $(BASE)
 test: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup
 
 lint: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks

@@ -17,6 +17,8 @@ Twelve benchmarks, each against its baseline in the same run:
    cache, and two at once in two processes sharing one Redis cache (judge requests and dollars);
 9. the worker pool with a 300 MB model loaded at import: workers forked from a template vs fresh
    interpreters (memory, time until 8 workers are ready, replacing a worker, per-call overhead).
+11. isolation="ray" on a local Ray vs processes: per-call overhead, a CPU-bound metric's throughput, the
+   driver's CPU time per call and the calls/s one driver can sustain (benchmarks/ray_cluster.py).
 12. sandbox=True (bubblewrap): per-call overhead and worker start time, with and without the sandbox.
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
@@ -42,10 +44,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache", 9: "worker_pool", 12: "sandbox"}
+         8: "judge_cache", 9: "worker_pool", 11: "ray_cluster", 12: "sandbox"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 3)
+ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 3, 11)
 
 
 @dataclass
@@ -71,11 +73,14 @@ class Sizes:
     model_mb: int = 300  # 9: MiB the metric allocates at import
     sandbox_calls: int = 5_000  # 12: calls timed each way
     sandbox_starts: int = 10  # 12: worker starts timed each way
+    ray_calls: int = 2000  # 11: calls timed one at a time, and calls from many threads for the driver's CPU
+    ray_cpu_examples: int = 100  # 11: dspy.Evaluate examples of the CPU-bound metric per isolation
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
-              isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2)
+              isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2,
+              ray_calls=100, ray_cpu_examples=8)
 
 
 def _quiet() -> None:
@@ -177,6 +182,12 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
 
         say(f"sandbox: {sizes.sandbox_calls:,} calls and {sizes.sandbox_starts} worker starts, with and without ...")
         return sandbox.run(sizes.sandbox_calls, sizes.sandbox_starts, warmup=min(200, sizes.sandbox_calls))
+    if number == 11:
+        from benchmarks import ray_cluster
+
+        say(f"isolation=\"ray\" on a local Ray vs processes: {sizes.ray_calls:,} calls, {sizes.ray_cpu_examples} "
+            "CPU-bound examples ...")
+        return ray_cluster.run(sizes.ray_calls, sizes.ray_cpu_examples, sizes.ray_calls)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -341,6 +352,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         out += worker_pool.rows(doc["worker_pool"])
     if "sandbox" in doc:
         out += _sandbox_rows(doc["sandbox"])
+    if "ray_cluster" in doc:
+        from benchmarks import ray_cluster
+
+        out += ray_cluster.rows(doc["ray_cluster"])
     return out
 
 

@@ -45,6 +45,7 @@ helpers = skynet  # the older name of the same module
 
 if TYPE_CHECKING:
     from ._check import CheckItem, ContractReport, check_contract
+    from ._core.isolation.ray_cluster import RayCluster
     from ._dspy.metric import Metric, Score, load_metric
     from ._dspy.optimize import gepa
     from ._gepa import make_evaluator, optimize_anything, split_row
@@ -64,6 +65,7 @@ _LAZY = {
     "optimize_anything": "._gepa",
     "split_row": "._gepa",
     "configure_llm": "._judge",
+    "RayCluster": "._core.isolation.ray_cluster",
     "CostReceipt": "._results",
     "OptimizationReport": "._results",
     "log_to_mlflow": "._results",
@@ -103,6 +105,7 @@ __all__ = [
     "OptimizationReport",
     "OutsideMetricCall",
     "ProgramUsage",
+    "RayCluster",
     "Result",
     "RewardSpecError",
     "Score",

@@ -132,8 +132,9 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
     command.add_argument("--api-base", default=None, metavar="URL",
                          help="an OpenAI-compatible base URL for --metric-lm")
     command.add_argument(
-        "--isolation", choices=("process", "thread"), default="process",
-        help="where score runs: worker processes (default) or threads of this process",
+        "--isolation", choices=("process", "thread", "ray"), default="process",
+        help="where score runs: worker processes (default), threads of this process, or a Ray cluster (RAY_ADDRESS, "
+        "else a local Ray; needs skynet-dspy[ray])",
     )
 
 

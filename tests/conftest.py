@@ -42,3 +42,16 @@ def no_default_models(monkeypatch):
     """Each test starts with no process-default models for llm() (configure_llm), and leaves none behind."""
     monkeypatch.setattr(judge, "_default", None)
     monkeypatch.setattr(context, "_default_llm", None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` for pytest 9.2: pytest-xdist 3.8 renames a grouped test's `_nodeid` (test@group), which
+    pytest 9.2 no longer reads (a node's id is `_id`), so its groups were spread over workers. Carry the rename over
+    (private pytest API, checked against 9.2), so the tests of one group (one local Ray) share one worker."""
+    for item in items:
+        renamed = item.__dict__.get("_nodeid")
+        if isinstance(renamed, str) and renamed != item.nodeid:
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(renamed)

@@ -20,6 +20,7 @@ from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_
 from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
 from .isolation import Executor
 from .isolation.process import ProcessExecutor
+from .isolation.ray_cluster import RayCluster, RayExecutor
 from .isolation.sandbox import sandbox_for
 from .isolation.thread import ThreadExecutor
 from .loading import load
@@ -28,7 +29,7 @@ from .reward import validate_spec
 from .types import Failure, MetricInfo, Observation, Outcome, ProgramUsage, Result
 from .values import finite_number, whole_number
 
-ISOLATIONS = ("process", "thread")
+ISOLATIONS = ("process", "thread", "ray")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
 _SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.LOAD})
 
@@ -88,7 +89,7 @@ class Scorer:
         timeout: float,
         failure_score: float,
         feedback_limit: int,
-        isolation: str = "process",
+        isolation: str | RayCluster = "process",
         workers: int | None = None,
         llm: LLMHandler | None = None,
         setup_hint: str = "",
@@ -100,29 +101,38 @@ class Scorer:
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
         self.feedback_limit = check_feedback_limit(feedback_limit)
-        if isolation not in ISOLATIONS:
-            raise ValueError(f"isolation must be 'process' (the default) or 'thread', got {isolation!r}")
+        cluster = RayCluster() if isolation == "ray" else isolation if isinstance(isolation, RayCluster) else None
+        if cluster is None and isolation not in ISOLATIONS:
+            raise ValueError(
+                f"isolation must be 'process' (the default), 'thread', 'ray' or a skynet_dspy.RayCluster(...), "
+                f"got {isolation!r}"
+            )
         if workers is not None:
             whole_number("workers", workers, minimum=1, unit="worker processes")
         if worker_max_calls is not None:
             whole_number("worker_max_calls", worker_max_calls, minimum=1, unit="calls")
         if worker_max_memory is not None:
             whole_number("worker_max_memory", worker_max_memory, minimum=2**20, unit="bytes (e.g. 500 * 2**20)")
-        if isolation != "process" and (worker_max_calls is not None or worker_max_memory is not None):
+        if isolation == "thread" and (worker_max_calls is not None or worker_max_memory is not None):
             raise ValueError(
                 "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
                 "(leave them out, or use isolation='process')"
             )
-        self.isolation = isolation
+        self.isolation = "ray" if cluster is not None else str(isolation)
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
         # the pool's memory check (worker_max_memory) holds in a sandbox too; its address-space limit is a backstop
         # with room for what a process maps but never uses (thread stacks, libraries), so it never fires first
         backstop = None if worker_max_memory is None else 2 * worker_max_memory + 2**30
-        launcher = sandbox_for(source, sandbox, sandbox_network, isolation, max_memory=backstop)
+        launcher = sandbox_for(source, sandbox, sandbox_network, self.isolation, max_memory=backstop)
         self.sandbox = launcher  # the Sandbox its workers start in, or None
-        if isolation == "process":
-            self.executor: Executor = ProcessExecutor(
+        if cluster is not None:
+            self.executor: Executor = RayExecutor(
+                source, self.timeout, self.feedback_limit, cluster, workers,
+                max_calls=worker_max_calls, max_memory=worker_max_memory,
+            )
+        elif isolation == "process":
+            self.executor = ProcessExecutor(
                 source, self.timeout, self.feedback_limit, workers,
                 max_calls=worker_max_calls, max_memory=worker_max_memory, launcher=launcher,
             )
@@ -157,7 +167,7 @@ class Scorer:
             with self._lock:
                 self._streak = 0
             result = finish_feedback(outcome.result, self.feedback_limit)
-            if result.extra and self.isolation == "process":
+            if result.extra and self.isolation != "thread":
                 result = replace(result, extra=_redacted(result.extra))
             if result.scores:  # the names reach the optimizer, like the feedback: no key among them
                 names = {secrets.redact(name): value for name, value in result.scores.items()}

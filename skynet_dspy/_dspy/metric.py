@@ -21,6 +21,7 @@ import dspy
 from .._core import secrets
 from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
+from .._core.isolation.ray_cluster import RayCluster
 from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.scorer import Scorer
@@ -249,7 +250,7 @@ class Metric:
         judge_cache_size: int | None = None,
         feedback_limit: int = DEFAULT_FEEDBACK_LIMIT,
         memo_size: int = DEFAULT_MEMO_SIZE,
-        isolation: str = "process",
+        isolation: str | RayCluster = "process",
         workers: int | None = None,
         worker_max_calls: int | None = None,
         worker_max_memory: int | None = None,
@@ -350,7 +351,7 @@ class Metric:
         else:
             observation, reason = None, _NOT_MEASURED
         # kept as the metric was given it: a metric in this process (isolation="thread") may change its argument
-        shown = output if self.isolation == "process" else translate.detach(output)
+        shown = output if self.isolation != "thread" else translate.detach(output)
         return _Scored(self.scorer.score(CallRequest(input_values, output, expected, observation, reason)), shown)
 
     # -- plain values -----------------------------------------------------------------------
@@ -522,10 +523,11 @@ def load_metric(source: Any, **options: Any) -> Metric:
     default 60, at most 600), failure_score (0.0), output_fields (the prediction's output columns),
     to_output (prediction -> output), metric_lm and reflection_lm (for llm()), judge_cache (True:
     memory, a folder, a redis:// URL, False), judge_cache_size (bytes on disk), feedback_limit (20,000
-    characters), memo_size (4096), isolation ("process", the default, or "thread"), workers (the most
-    worker processes), worker_max_calls and worker_max_memory (replace a worker after that many calls, or
-    once it holds that many bytes of its own; off by default, see docs/worker-pool.md), measure (None:
-    when the metric uses reward/observation/service_cost),
+    characters), memo_size (4096), isolation ("process", the default, "thread", or "ray" /
+    skynet_dspy.RayCluster(...) for a Ray cluster: docs/ray.md), workers (the most worker processes; per node
+    with "ray"), worker_max_calls and worker_max_memory (replace a worker after that many calls, or once it
+    holds that many bytes of its own; off by default, see docs/worker-pool.md), measure (None: when the metric
+    uses reward/observation/service_cost),
     max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
     reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
     True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it).

@@ -16,6 +16,8 @@ import pytest
 
 from benchmarks import run as bench
 
+pytestmark = pytest.mark.xdist_group("ray")  # benchmark 11 runs on a local Ray: with the other Ray tests, one at a time
+
 ISOLATIONS = ("process", "thread")
 
 
@@ -51,13 +53,14 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 6. Per-call overhead of the isolation", "| 7. CPU-bound metric", "| 8a. Judge cache on disk",
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
-                "sandbox=True", "| 12b. Worker start"):
+                "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
+                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 16 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 19 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -263,6 +266,19 @@ def test_the_worker_pool_row_compares_both_start_modes_with_8_workers_each(quick
         assert part["memory"]["pool_pss"] == part["memory"]["helpers_pss"] + part["memory"]["workers_pss"]
     # the workers share the template's pages: together they hold less than fresh workers each importing it
     assert pool["template"]["memory"]["workers_pss"] < pool["fresh"]["memory"]["workers_pss"]
+
+
+def test_ray_rows_time_ray_and_processes_side_by_side(quick):
+    found = quick[0]["ray_cluster"]
+    for name in ("ray", "process", "bare"):
+        _timing(found["per_call"][name])
+    assert found["failures"] == {"process": 0, "ray": 0}
+    for name in ("ray", "process"):
+        driver = found["driver"][name]
+        assert driver["calls"] > 0 and _finite_positive(driver["driver_cpu_ms_per_call"])
+        assert _finite_positive(driver["sustainable_calls_per_s"]) and _finite_positive(driver["calls_per_s"])
+        assert _finite_positive(found["cpu_bound"][name]["examples_per_s"])
+    assert found["ray_workers_after_runs"] >= 1
 
 
 def test_bad_sizes_are_refused_with_a_message(capsys):

@@ -1,6 +1,7 @@
-"""Where a metric's calls run: worker processes (process.py, the default) or threads (thread.py).
+"""Where a metric's calls run: worker processes (process.py, the default), threads (thread.py) or a Ray cluster
+(ray_cluster.py).
 
-Both keep to one small interface, so another engine (a cluster, say) can stand in without touching the scorer.
+All three keep to one small interface, so another engine can stand in without touching the scorer.
 """
 
 from __future__ import annotations

@@ -55,8 +55,52 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError))
 
 
+_UNREACHABLE = re.compile(
+    r"connection refused|name or service not known|nodename nor servname|temporary failure in name resolution|"
+    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host|"
+    r"cannot connect|connecterror|connection error",
+    re.IGNORECASE,
+)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """A connection that could not be made (refused, a name that does not resolve): not a timeout, not an HTTP
+    status. Retried at most once, and counted by the endpoint's circuit breaker."""
+    if status_of(exc) is not None and status_of(exc) < 500:
+        return False
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    try:
+        import openai
+    except ImportError:  # pragma: no cover - openai comes with litellm
+        openai = None  # type: ignore[assignment]
+    if openai is not None and isinstance(exc, openai.APITimeoutError):
+        return False
+    if "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower():
+        return False
+    return bool(_UNREACHABLE.search(f"{type(exc).__name__} {exc} {exc.__cause__ or ''}"))
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def _duration(value: str) -> float | None:
+    """Seconds in a rate-limit reset header: "1.5", "20ms", "6m0s", "1h2m3.5s"."""
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text.replace(" ", ""):
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked to wait (Retry-After / retry-after-ms), or None."""
+    """Seconds the server asked to wait (Retry-After, retry-after-ms, or on a 429 the x-ratelimit-reset-*
+    headers: the longest of them), or None."""
     headers = _headers_of(exc)
     if headers is None:
         return None
@@ -65,6 +109,10 @@ def retry_after(exc: BaseException) -> float | None:
         if millis is not None:
             return float(millis) / 1000.0
         value = headers.get("retry-after") or headers.get("Retry-After")
+        if value is None and status_of(exc) == 429:
+            resets = [_duration(str(v)) for k, v in headers.items() if str(k).lower().startswith("x-ratelimit-reset")]
+            known = [reset for reset in resets if reset is not None]
+            return max(known) if known else None
     except Exception:
         return None
     if value is None:

@@ -49,17 +49,26 @@ def test_a_bad_cap_is_refused_naming_the_option(bad, metrics_dir):
         skynet_dspy.load_metric(metrics_dir / "exact_match.py", max_program_cost_usd=bad)
 
 
-def test_an_unpriced_answer_is_warned_about_once_and_not_counted(server, caplog):
+def test_an_unpriced_request_is_refused_under_a_cap_with_the_reason_and_never_sent(server):
     server.responder = priced
     server.model_name = None
     judge = Judge(metric_lm={"model": "openai/no-such-priced-model", "api_base": server.url, "api_key": KEY},
                   max_cost_usd=0.001, max_retries=0)
-    with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
-        for number in range(3):
+    for number in range(3):
+        with pytest.raises(SpendCapReached, match=r"cost cannot be known \(no price known for model "
+                                                  r"openai/no-such-priced-model\).*cannot be counted as free"):
             judge.complete("Grade.", f"answer {number}")
-    warnings = [r.getMessage() for r in caplog.records if "cost is unknown" in r.getMessage()]
-    assert len(warnings) == 1 and "max_judge_cost_usd" in warnings[0]
-    assert judge.spend_cap.snapshot().unpriced == 3 and not judge.spend_cap.reached
+    assert not server.requests
+    assert judge.spend_cap.snapshot().refused == 3 and not judge.spend_cap.reached
+
+
+def test_an_unpriced_answer_without_a_cap_is_cost_unknown_never_zero(server):
+    server.responder = priced
+    server.model_name = None
+    judge = Judge(metric_lm={"model": "openai/no-such-priced-model", "api_base": server.url, "api_key": KEY},
+                  max_retries=0)
+    judge.complete("Grade.", "answer")
+    assert judge.usage.cost_usd is None and judge.usage.calls == 1
 
 
 def test_the_judge_cap_holds_under_threads_with_bounded_overshoot(caplog):

@@ -98,6 +98,18 @@ def _duration(value: str) -> float | None:
     return sum(float(number) * scale[unit] for number, unit in parts)
 
 
+def _ratelimit_reset(headers: dict[str, str]) -> float | None:
+    """When an exhausted limit resets (x-ratelimit-reset-requests / -tokens, whose x-ratelimit-remaining-* is 0);
+    the sooner of the resets when none says it is exhausted; None without such headers."""
+    resets = {name[len("x-ratelimit-reset-"):]: _duration(value) for name, value in headers.items()
+              if name.startswith("x-ratelimit-reset-")}
+    known = {what: seconds for what, seconds in resets.items() if seconds is not None}
+    if not known:
+        return None
+    exhausted = [seconds for what, seconds in known.items() if headers.get(f"x-ratelimit-remaining-{what}") == "0"]
+    return max(exhausted) if exhausted else min(known.values())
+
+
 def retry_after(exc: BaseException) -> float | None:
     """Seconds the server asked to wait (Retry-After, retry-after-ms, or on a 429 the x-ratelimit-reset-*
     headers: the longest of them), or None."""
@@ -110,9 +122,7 @@ def retry_after(exc: BaseException) -> float | None:
             return float(millis) / 1000.0
         value = headers.get("retry-after") or headers.get("Retry-After")
         if value is None and status_of(exc) == 429:
-            resets = [_duration(str(v)) for k, v in headers.items() if str(k).lower().startswith("x-ratelimit-reset")]
-            known = [reset for reset in resets if reset is not None]
-            return max(known) if known else None
+            return _ratelimit_reset({str(k).lower(): str(v) for k, v in headers.items()})
     except Exception:
         return None
     if value is None:

@@ -204,6 +204,7 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": {"message": "request body is not JSON"}})
                 return
             request = Request(self.path, body, dict(self.headers.items()), time.time())
+            self._counted = True
             with server._lock:
                 server.in_progress += 1
                 server.most_in_progress = max(server.most_in_progress, server.in_progress)
@@ -219,6 +220,13 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
                     return
                 self._post(request)
             finally:
+                self._answered()
+
+        def _answered(self) -> None:
+            """The request no longer counts as in progress: before its reply is written (a client that has its
+            reply may send the next request at once, which must not find this one still counted)."""
+            if getattr(self, "_counted", False):
+                self._counted = False
                 with server._lock:
                     server.in_progress -= 1
 
@@ -265,6 +273,7 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.end_headers()
+            self._answered()
             self.wfile.write(data)
 
     return Handler

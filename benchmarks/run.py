@@ -1,6 +1,6 @@
 """`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Eight benchmarks, each against its baseline in the same run:
+Nine benchmarks, each against its baseline in the same run:
 
 1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
    with isolation="thread", vs the bare `score(input, output, expected)`;
@@ -15,6 +15,7 @@ Eight benchmarks, each against its baseline in the same run:
    worker processes vs threads;
 8. the judge cache that outlives the process: two identical dspy.GEPA runs in sequence on one disk
    cache, and two at once in two processes sharing one Redis cache (judge requests and dollars).
+9. judge requests from 16 threads against a provider limit of 4 concurrent: judge_max_concurrency=4 vs none.
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -39,10 +40,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache"}
+         8: "judge_cache", 9: "judge_limits"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 5, 7, 4, 2, 8, 3)
+ORDER = (1, 6, 5, 7, 4, 2, 8, 3, 9)
 
 
 @dataclass
@@ -65,11 +66,12 @@ class Sizes:
     isolation_calls: int = 20_000  # 6: calls timed per isolation
     cpu_examples: int = 200  # 7: dspy.Evaluate examples per isolation
     cpu_repeats: int = 2  # 7: runs per isolation, the fastest counts
+    limit_requests: int = 1000  # 9: judge requests per row
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
-              isolation_calls=500, cpu_examples=8, cpu_repeats=1)
+              isolation_calls=500, cpu_examples=8, cpu_repeats=1, limit_requests=40)
 
 
 def _quiet() -> None:
@@ -161,6 +163,11 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
         say(f"judge cache: budget {sizes.gepa_budget}, two GEPA runs on one disk cache, then two processes on one "
             "Redis cache ...")
         return judge_cache.run(sizes.gepa_budget, sizes.gepa_train, sizes.gepa_val, sizes.gepa_threads)
+    if number == 9:
+        from benchmarks import judge_limits
+
+        say(f"judge limits: {sizes.limit_requests:,} requests from 16 threads, with and without a limit ...")
+        return judge_limits.run(sizes.limit_requests)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -319,6 +326,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         ))
     if "judge_cache" in doc:
         out += _judge_cache_rows(doc["judge_cache"])
+    if "judge_limits" in doc:
+        from benchmarks import judge_limits
+
+        out += judge_limits.rows(doc["judge_limits"])
     return out
 
 

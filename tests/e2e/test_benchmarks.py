@@ -49,13 +49,13 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 '| 1b. Per-call overhead, `metric(gold, pred)`, isolation="thread"', "| 2. Judge requests per",
                 "| 3. `dspy.Evaluate`", "| 4. Memory", "| 5. `dspy.Predict` on `DummyLM`",
                 "| 6. Per-call overhead of the isolation", "| 7. CPU-bound metric", "| 8a. Judge cache on disk",
-                "| 8b. Judge cache in Redis"):
+                "| 8b. Judge cache in Redis", "| 9. "):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 10 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 11 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -257,3 +257,11 @@ def test_bad_sizes_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--threads", "0,2"])
     assert "threads must be at least 1" in capsys.readouterr().err
+
+
+def test_judge_limits_row_sends_without_429_under_the_limit(quick):
+    doc, _ = quick
+    found = doc["judge_limits"]
+    limited, unlimited = found["limited"], found["unlimited"]
+    assert limited["rate_limited"] == 0 and limited["failed"] == 0 and limited["sent"] == limited["requests"]
+    assert unlimited["rate_limited"] > 0 and unlimited["sent"] == unlimited["requests"] + unlimited["rate_limited"]

@@ -8,10 +8,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support import write_metric
 
 import skynet_dspy
 from skynet_dspy.devserver import DevServer
-from support import write_metric
 
 KEY = "cancel-test-key-13579"
 

@@ -9,13 +9,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support import write_metric
 
 import skynet_dspy
-from skynet_dspy._judge import Judge
-from skynet_dspy._judge import retry
+from skynet_dspy._judge import Judge, retry
 from skynet_dspy.devserver import DevServer
 from skynet_dspy.errors import LLMCallError
-from support import write_metric
 
 KEY = "limits-test-key-24680"
 
@@ -87,8 +86,8 @@ def test_rpm_spreads_requests_evenly_after_a_small_burst(server):
         list(pool.map(lambda n: judge.complete("Grade.", f"x{n}"), range(12)))
     times = sorted(request.at for request in server.requests)
     assert len(times) == 12
-    assert times[5] - times[0] < 1.0  # the burst
-    gaps = [later - earlier for earlier, later in zip(times[5:], times[6:])]
+    assert times[5] - times[0] < 2.0  # the burst (no limiter would make it 2.5 s)
+    gaps = [later - earlier for earlier, later in zip(times[5:], times[6:], strict=False)]
     assert min(gaps) >= 0.35, gaps  # then one every 60/R s, never a minute's quota at once
     assert times[-1] - times[5] >= 2.4
 

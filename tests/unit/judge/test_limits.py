@@ -155,3 +155,36 @@ def test_a_lone_surrogate_is_the_metrics_value_error_and_nothing_is_sent(server,
     assert result.failure == "exception" and "ValueError" in result.detail
     assert f"llm() {where} holds text that cannot be sent" in result.detail
     assert not server.requests and elapsed < 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+@pytest.mark.parametrize("option", ["judge_max_concurrency", "judge_rpm"])
+def test_a_bad_limit_is_refused_naming_the_option(metrics_dir, option, bad):
+    with pytest.raises(ValueError, match=rf"{option} must be a whole number of requests, at least 1"):
+        skynet_dspy.load_metric(metrics_dir / "judge.py", **{option: bad})
+
+
+def test_gepa_passes_the_limits_to_its_metric(tmp_path):
+    path = write_metric(tmp_path, THREADED_METRIC)
+    with DevServer(lambda request: "PASS", delay=0.03, max_concurrent=1) as server:
+        optimizer = skynet_dspy.gepa(path, reflection_lm=model(server), judge_max_concurrency=1, judge_rpm=6000,
+                                     judge_cache=False, max_metric_calls=10)
+        with optimizer.skynet_metric as metric, ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda n: metric.score({"q": n}, f"answer {n}"), range(4)))
+        assert server.rate_limited == 0 and len(server.requests) == 16
+    assert all(result.ok for result in results)
+
+
+def test_the_cli_takes_the_limits(tmp_path, capsys, monkeypatch):
+    from skynet_dspy._cli import main
+
+    path = write_metric(tmp_path, THREADED_METRIC)
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('{"input": {"q": 1}, "output": "a", "expected": {"x": 1}}\n', encoding="utf-8")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with DevServer(lambda request: "PASS", delay=0.03, max_concurrent=1) as server:
+        main(["check", str(path), "--data", str(cases), "--metric-lm", "openai/gpt-4o-mini", "--api-base",
+              server.url, "--judge-max-concurrency", "1", "--judge-rpm", "6000"])
+        assert server.requests and server.rate_limited == 0
+    assert main(["check", str(path), "--data", str(cases), "--judge-rpm", "0"]) == 2
+    assert "'0' is not a number of requests, 1 or more" in capsys.readouterr().err

@@ -7,8 +7,10 @@ the judge turns them off and asks these instead.
 from __future__ import annotations
 
 import email.utils
+import errno
 import random
 import re
+import socket
 import time
 from typing import Any
 
@@ -57,28 +59,28 @@ def is_retryable(exc: BaseException) -> bool:
 
 _UNREACHABLE = re.compile(
     r"connection refused|name or service not known|nodename nor servname|temporary failure in name resolution|"
-    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host|"
-    r"cannot connect|connecterror|connection error",
+    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host",
     re.IGNORECASE,
 )
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH})
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """A connection that could not be made (refused, a name that does not resolve): not a timeout, not an HTTP
-    status. Retried at most once, and counted by the endpoint's circuit breaker."""
-    if status_of(exc) is not None and status_of(exc) < 500:
-        return False
-    if isinstance(exc, ConnectionRefusedError):
-        return True
-    try:
-        import openai
-    except ImportError:  # pragma: no cover - openai comes with litellm
-        openai = None  # type: ignore[assignment]
-    if openai is not None and isinstance(exc, openai.APITimeoutError):
-        return False
-    if "timeout" in type(exc).__name__.lower() or "timed out" in str(exc).lower():
-        return False
-    return bool(_UNREACHABLE.search(f"{type(exc).__name__} {exc} {exc.__cause__ or ''}"))
+    """A connection that could not be made (refused, a name that does not resolve, no route): not a timeout, not a
+    dropped connection, not an HTTP status. Read from the exception's chain (LiteLLM keeps httpx's ConnectError and
+    the OSError under it). Retried at most once, and counted by the endpoint's circuit breaker."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # a bounded walk: a chain may loop
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(seen, OSError) and seen.errno in _UNREACHABLE_ERRNOS:
+            return True
+        if type(seen).__name__ == "ConnectError" and _UNREACHABLE.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")

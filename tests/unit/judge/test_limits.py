@@ -188,3 +188,9 @@ def test_the_cli_takes_the_limits(tmp_path, capsys, monkeypatch):
         assert server.requests and server.rate_limited == 0
     assert main(["check", str(path), "--data", str(cases), "--judge-rpm", "0"]) == 2
     assert "'0' is not a number of requests, 1 or more" in capsys.readouterr().err
+
+
+def test_a_dropped_connection_is_retried_as_usual_not_as_unreachable(server):
+    server.fail_next(close_connection=True, times=3)
+    judge = Judge(metric_lm=model(server), cache=False, retry_base_delay=0.01)
+    assert judge.complete("Grade.", "x") == "ok" and len(server.requests) == 4

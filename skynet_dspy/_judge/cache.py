@@ -223,9 +223,10 @@ class DiskStore:
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)
 
-    def lead_or_wait(self, key: str, patience: float) -> str | None:
+    def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
         """None when this process should send the request (it holds the in-flight marker now); else the answer
-        another process sharing the folder fetched while this one waited (at most `patience` seconds)."""
+        another process sharing the folder fetched while this one waited (at most `patience` seconds, or until
+        `stop` is set)."""
         marker, token, cache = f"{IN_FLIGHT_PREFIX}{key}", uuid.uuid4().hex, self._usable()
         if cache is None:
             return None
@@ -241,7 +242,10 @@ class DiskStore:
                 # the holder finished, gave up, went silent (the marker expired) or died: look once more, or lead
                 if self._take(cache, marker, key, token):
                     return self._read(cache, key)
-                time.sleep(WAIT_STEP)
+                if stop is not None and stop.wait(WAIT_STEP):  # the request's call ended: stop waiting
+                    break
+                if stop is None:
+                    time.sleep(WAIT_STEP)
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)
         return None

@@ -202,7 +202,7 @@ class Judge:
                 continue  # another thread sent the same request; it may have failed, so look again
             shared = getattr(self.cache.store, "lead_or_wait", None)  # a store shared by processes (Redis)
             try:
-                text = shared(key, self.timeout) if shared is not None else None
+                text = shared(key, self.timeout, cancelled) if shared is not None else None
                 if text is not None:  # another process fetched it meanwhile
                     self.cache.memory.put(key, text)
                     with self._lock:

@@ -9,6 +9,7 @@ during a run means "no cache for this call", with one warning; at load it is a c
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.parse
 import uuid
@@ -87,9 +88,9 @@ class RedisStore:
         self._skip_until = time.monotonic() + BUSY_BACKOFF
         self._warn(self.where, exc)
 
-    def lead_or_wait(self, key: str, patience: float) -> str | None:
+    def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
         """None when this process should send the request (it holds the lock now); else the answer another
-        process fetched while this one waited (at most `patience` seconds)."""
+        process fetched while this one waited (at most `patience` seconds, or until `stop` is set)."""
         lock, token = f"{KEY_PREFIX}lock:{key}", uuid.uuid4().hex
         if self._skipping():
             return None
@@ -105,7 +106,10 @@ class RedisStore:
                 # the holder finished, gave up, went silent (the lock expired) or died: look once more, or lead
                 if self._take(lock, key, token):
                     return self._read(key)
-                time.sleep(WAIT_STEP)
+                if stop is not None and stop.wait(WAIT_STEP):  # the request's call ended: stop waiting
+                    break
+                if stop is None:
+                    time.sleep(WAIT_STEP)
         except self._errors as exc:
             self._failed(exc)
         return None

@@ -8,6 +8,7 @@ the metric starts itself has no copy of the context: it is given the one call in
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -104,6 +105,10 @@ class LLMPool:
 
     def __init__(self, size: int):
         self.size = size
+        self._reset()
+
+    def _reset(self) -> None:
+        """Empty: a fork of the process has none of the parent's threads (os.register_at_fork calls this)."""
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -140,6 +145,7 @@ class LLMPool:
 
 LLM_POOL_SIZE = 32  # threads answering worker processes' llm() requests, per process
 llm_pool = LLMPool(LLM_POOL_SIZE)
+os.register_at_fork(after_in_child=llm_pool._reset)
 
 
 _current: ContextVar[MetricCall | None] = ContextVar("skynet_metric_call", default=None)

@@ -186,8 +186,12 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
 
 def _check_encodable(name: str, value: Any) -> None:
     """The metric's ValueError for text no provider can take (a lone surrogate, half an emoji): named, never sent."""
-    texts = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(
-        value, (list, tuple)) else []
+    if isinstance(value, str):
+        texts = [value]
+    elif isinstance(value, (list, tuple)):  # e.g. stop=[...]
+        texts = [item for item in value if isinstance(item, str)]
+    else:
+        return
     for text in texts:
         try:
             text.encode("utf-8")

@@ -286,7 +286,7 @@ class Judge:
                 with context.judging(), no_banner(litellm):
                     response = litellm.completion(**request)
             except Exception:
-                self._settle(reserved, None, None, request, failed=True)
+                self._settle(reserved, None, None, request)
                 raise
         finally:
             self._in_flight.release()
@@ -304,14 +304,14 @@ class Judge:
         COMPLETION_ESTIMATE), or SpendCapReached. None without a cap."""
         if self.spend_cap is None:
             return None
-        completion = request.get("max_tokens") or request.get("max_completion_tokens") or COMPLETION_ESTIMATE
+        completion = request.get("max_tokens") or request.get("max_completion_tokens")
+        if not isinstance(completion, int) or isinstance(completion, bool) or completion < 1:
+            completion = COMPLETION_ESTIMATE
         prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
-        estimate = _price(litellm, request["model"], prompt, int(completion)) if prompt is not None else None
+        estimate = _price(litellm, request["model"], prompt, completion) if prompt is not None else None
         return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}")
 
-    def _settle(
-        self, reserved: float | None, response: Any, text: str | None, request: dict[str, Any], failed: bool = False
-    ) -> None:
+    def _settle(self, reserved: float | None, response: Any, text: str | None, request: dict[str, Any]) -> None:
         """Count a request's usage (a failed one costs nothing) and give back its reservation."""
         if response is None:
             if reserved is not None and self.spend_cap is not None:

@@ -112,35 +112,34 @@ class LLMPool:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
-        self._idle = 0
+        self._idle = 0  # threads waiting for work (a thread being started counts as waiting)
+        self._pending = 0  # work queued and not taken yet
 
     def submit(self, work: Callable[[], None]) -> None:
-        """Run `work` on an idle pool thread, a new one while fewer than `size` run, else after earlier work."""
+        """Run `work` on a pool thread: one waiting, else a new one while fewer than `size` run, else the first
+        to finish its work."""
         with self._lock:
-            if self._idle:
-                self._idle -= 1
-                self._queue.put(work)
-                return
-            if self._threads >= self.size:
-                self._queue.put(work)  # a thread takes it when it is done with its own
-                return
-            self._threads += 1
-        threading.Thread(target=self._loop, args=(work,), name="skynet-llm-pool", daemon=True).start()
+            self._queue.put(work)
+            self._pending += 1
+            start = self._pending > self._idle and self._threads < self.size
+            if start:
+                self._threads += 1
+                self._idle += 1
+        if start:
+            threading.Thread(target=self._loop, name="skynet-llm-pool", daemon=True).start()
 
-    def _loop(self, work: Callable[[], None] | None) -> None:
+    def _loop(self) -> None:
         while True:
-            if work is None:
-                work = self._queue.get()
+            work = self._queue.get()
+            with self._lock:
+                self._pending -= 1
+                self._idle -= 1
             try:
                 work()
             except BaseException:  # noqa: BLE001 - a pool thread outlives what it ran
                 pass
             with self._lock:
-                try:
-                    work = self._queue.get_nowait()  # work queued while every thread was busy
-                except queue.Empty:
-                    work = None
-                    self._idle += 1
+                self._idle += 1
 
 
 LLM_POOL_SIZE = 32  # threads answering worker processes' llm() requests, per process

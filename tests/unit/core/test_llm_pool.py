@@ -60,3 +60,12 @@ def test_a_scope_sets_its_watchers_when_it_ends_and_binds_handlers():
     scope.watch(late)  # watching an ended scope is set at once
     assert late.is_set()
     assert CallScope().bind(None) is None
+
+
+def test_the_pool_grows_only_to_the_work_at_once():
+    pool = LLMPool(32)
+    for _ in range(300):  # one request at a time, as sequential llm() calls make them
+        done = threading.Event()
+        pool.submit(done.set)
+        assert done.wait(5)
+    assert pool._threads <= 3  # one, plus one per moment a thread was finishing as the next work came

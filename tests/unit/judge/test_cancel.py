@@ -52,7 +52,7 @@ def test_timed_out_calls_and_close_leave_no_request_and_no_thread_behind(tmp_pat
         server.fail_next(status=503, times=10**9)  # every request fails: the judge retries with backoff
         model = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": KEY}
         baseline = len(_threads())
-        metric = skynet_dspy.load_metric(path, metric_lm=model, isolation=isolation, timeout=1.0,
+        metric = skynet_dspy.load_metric(path, metric_lm=model, isolation=isolation, timeout=2.0,
                                          judge_cache=False, workers=6)
         with ThreadPoolExecutor(6) as pool:
             results = list(pool.map(lambda n: metric.score({"q": n}, f"answer {n}"), range(6)))

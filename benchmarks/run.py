@@ -17,6 +17,8 @@ Twelve benchmarks, each against its baseline in the same run:
    cache, and two at once in two processes sharing one Redis cache (judge requests and dollars);
 9. the worker pool with a 300 MB model loaded at import: workers forked from a template vs fresh
    interpreters (memory, time until 8 workers are ready, replacing a worker, per-call overhead).
+10. judge requests from 16 threads against a provider limit of 4 concurrent: judge_max_concurrency=4
+    vs none.
 11. isolation="ray" on a local Ray vs processes: per-call overhead, a CPU-bound metric's throughput, the
    driver's CPU time per call and the calls/s one driver can sustain (benchmarks/ray_cluster.py).
 12. sandbox=True (bubblewrap): per-call overhead and worker start time, with and without the sandbox.
@@ -44,10 +46,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache", 9: "worker_pool", 11: "ray_cluster", 12: "sandbox"}
+         8: "judge_cache", 9: "worker_pool", 10: "judge_limits", 11: "ray_cluster", 12: "sandbox"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 3, 11)
+ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 10, 3, 11)
 
 
 @dataclass
@@ -75,12 +77,13 @@ class Sizes:
     sandbox_starts: int = 10  # 12: worker starts timed each way
     ray_calls: int = 2000  # 11: calls timed one at a time, and calls from many threads for the driver's CPU
     ray_cpu_examples: int = 100  # 11: dspy.Evaluate examples of the CPU-bound metric per isolation
+    limit_requests: int = 1000  # 10: judge requests per row
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
               isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2,
-              ray_calls=100, ray_cpu_examples=8)
+              ray_calls=100, ray_cpu_examples=8, limit_requests=40)
 
 
 def _quiet() -> None:
@@ -188,6 +191,11 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
         say(f"isolation=\"ray\" on a local Ray vs processes: {sizes.ray_calls:,} calls, {sizes.ray_cpu_examples} "
             "CPU-bound examples ...")
         return ray_cluster.run(sizes.ray_calls, sizes.ray_cpu_examples, sizes.ray_calls)
+    if number == 10:
+        from benchmarks import judge_limits
+
+        say(f"judge limits: {sizes.limit_requests:,} requests from 16 threads, with and without a limit ...")
+        return judge_limits.run(sizes.limit_requests)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -356,6 +364,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         from benchmarks import ray_cluster
 
         out += ray_cluster.rows(doc["ray_cluster"])
+    if "judge_limits" in doc:
+        from benchmarks import judge_limits
+
+        out += judge_limits.rows(doc["judge_limits"])
     return out
 
 

@@ -54,6 +54,16 @@ def _count(text: str) -> int:
     return number
 
 
+def _requests(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests, 1 or more")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -131,6 +141,10 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
     )
     command.add_argument("--api-base", default=None, metavar="URL",
                          help="an OpenAI-compatible base URL for --metric-lm")
+    command.add_argument("--judge-max-concurrency", type=_requests, default=None, metavar="N",
+                         help="at most N llm() requests in flight at once (default: no limit)")
+    command.add_argument("--judge-rpm", type=_requests, default=None, metavar="R",
+                         help="at most R llm() requests started a minute, spread evenly (default: no limit)")
     command.add_argument(
         "--isolation", choices=("process", "thread", "ray"), default="process",
         help="where score runs: worker processes (default), threads of this process, or a Ray cluster (RAY_ADDRESS, "
@@ -173,6 +187,10 @@ def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.api_base:
             model = {"model": args.metric_lm, "api_base": args.api_base}
         options["metric_lm"] = model
+    if args.judge_max_concurrency is not None:
+        options["judge_max_concurrency"] = args.judge_max_concurrency
+    if args.judge_rpm is not None:
+        options["judge_rpm"] = args.judge_rpm
     return options
 
 

@@ -8,6 +8,8 @@ the metric starts itself has no copy of the context: it is given the one call in
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,114 @@ class MetricCall:
     def note_judge_problem(self, kind: Failure, message: str) -> None:
         if not self.judge_problems:
             self.judge_problems.append((kind, message))
+
+
+class CallScope:
+    """The llm() requests of one metric call. When the call ends (scored, timed out, its worker killed) the
+    executor calls end(): every request of the call still waiting, queued or retrying stops, and none starts."""
+
+    __slots__ = ("_lock", "_ended", "_watchers")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = False
+        self._watchers: set[threading.Event] = set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def watch(self, event: threading.Event) -> None:
+        """Set `event` when the call ends (at once if it has)."""
+        with self._lock:
+            if not self._ended:
+                self._watchers.add(event)
+                return
+        event.set()
+
+    def unwatch(self, event: threading.Event) -> None:
+        with self._lock:
+            self._watchers.discard(event)
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
+            watchers, self._watchers = self._watchers, set()
+        for event in watchers:
+            event.set()
+
+    def bind(self, llm: LLMHandler | None) -> LLMHandler | None:
+        """`llm`, answering within this scope (the judge reads it with current_scope())."""
+        if llm is None:
+            return None
+
+        def scoped(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+            token = _scope.set(self)
+            try:
+                return llm(instructions, input, settings)
+            finally:
+                _scope.reset(token)
+
+        return scoped
+
+
+_scope: ContextVar[CallScope | None] = ContextVar("skynet_call_scope", default=None)
+
+
+def current_scope() -> CallScope | None:
+    """The scope of the metric call whose llm() request is being answered on this thread, if any."""
+    return _scope.get()
+
+
+class LLMPool:
+    """A bounded set of daemon threads answering llm() requests for worker processes, reused across calls.
+
+    Hand-written rather than concurrent.futures.ThreadPoolExecutor: that one's threads are joined at
+    interpreter exit, so a request hung in HTTP would hold the user's process from exiting.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._reset()
+
+    def _reset(self) -> None:
+        """Empty: a fork of the process has none of the parent's threads (os.register_at_fork calls this)."""
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for work (a thread being started counts as waiting)
+        self._pending = 0  # work queued and not taken yet
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run `work` on a pool thread: one waiting, else a new one while fewer than `size` run, else the first
+        to finish its work."""
+        with self._lock:
+            self._queue.put(work)
+            self._pending += 1
+            start = self._pending > self._idle and self._threads < self.size
+            if start:
+                self._threads += 1
+                self._idle += 1
+        if start:
+            threading.Thread(target=self._loop, name="skynet-llm-pool", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            work = self._queue.get()
+            with self._lock:
+                self._pending -= 1
+                self._idle -= 1
+            try:
+                work()
+            except BaseException:  # noqa: BLE001 - a pool thread outlives what it ran
+                pass
+            with self._lock:
+                self._idle += 1
+
+
+LLM_POOL_SIZE = 32  # threads answering worker processes' llm() requests, per process
+llm_pool = LLMPool(LLM_POOL_SIZE)
+os.register_at_fork(after_in_child=llm_pool._reset)
 
 
 _current: ContextVar[MetricCall | None] = ContextVar("skynet_metric_call", default=None)

@@ -167,6 +167,11 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
         raise TypeError(
             f"llm() input must be a str or None, got {type(input).__name__}; format it first, e.g. json.dumps(...)"
         )
+    _check_encodable("instructions", instructions)
+    if input is not None:
+        _check_encodable("input", input)
+    for name, value in settings.items():
+        _check_encodable(str(name), value)
     refused = sorted({"messages", "stream"} & settings.keys())
     if refused:
         raise TypeError(f"llm() does not take {', '.join(refused)}: it sends one request and returns its text")
@@ -177,6 +182,25 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
             "model, endpoint, key or timeout a request uses (those are yours: metric_lm=... when loading the "
             f"metric). It takes {', '.join(sorted(LLM_SETTINGS))}"
         )
+
+
+def _check_encodable(name: str, value: Any) -> None:
+    """The metric's ValueError for text no provider can take (a lone surrogate, half an emoji): named, never sent."""
+    if isinstance(value, str):
+        texts = [value]
+    elif isinstance(value, (list, tuple)):  # e.g. stop=[...]
+        texts = [item for item in value if isinstance(item, str)]
+    else:
+        return
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"llm() {name} holds text that cannot be sent (a lone surrogate {text[exc.start]!r} at position "
+                f"{exc.start}, e.g. half an emoji cut off); clean it first, e.g. "
+                "text.encode('utf-8', 'replace').decode()"
+            ) from None
 
 
 PROMPT_TOKENS = ("prompt_tokens", "input_tokens")  # the names a model's usage record gives its prompt tokens

@@ -259,6 +259,8 @@ class Metric:
         max_program_cost_usd: float | None = None,
         sandbox: bool = False,
         sandbox_network: bool = False,
+        judge_max_concurrency: int | None = None,
+        judge_rpm: int | None = None,
     ):
         self.output_fields = _output_fields(output_fields)
         if to_output is not None and not callable(to_output):
@@ -275,7 +277,8 @@ class Metric:
         program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
                        if max_program_cost_usd is not None else None)
         self.judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache,
-                           cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd)
+                           cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd,
+                           max_concurrency=judge_max_concurrency, rpm=judge_rpm)
         self.scorer = Scorer(
             source, timeout=timeout, failure_score=failure_score, feedback_limit=feedback_limit,
             isolation=isolation, workers=workers, llm=self.judge,
@@ -458,7 +461,9 @@ class Metric:
         return SpendCapStopper(self)
 
     def close(self) -> None:
-        """Stop the metric's worker processes (they also stop when the metric is garbage or at exit)."""
+        """Stop the metric's worker processes (they also stop when the metric is garbage or at exit) and cancel its
+        llm() requests in progress: none is sent or retried after this."""
+        self.judge.close()
         self.scorer.close()
 
     def __enter__(self) -> Metric:
@@ -530,7 +535,9 @@ def load_metric(source: Any, **options: Any) -> Metric:
     uses reward/observation/service_cost),
     max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
     reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
-    True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it).
+    True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it),
+    judge_max_concurrency and judge_rpm (at most N judge requests in flight and R started a minute, spread
+    evenly, across every thread and worker: docs/judge.md).
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)

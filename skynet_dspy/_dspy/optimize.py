@@ -59,7 +59,8 @@ def gepa(
     given, judges in llm(). `options` are load_metric()'s (timeout, output_fields, judge_cache, ...) and
     dspy.GEPA's (auto, max_metric_calls, num_threads, ...); failure_score goes to both. The metric is on
     `.skynet_metric`. compile() warns before the run when max_metric_calls cannot buy the valset evaluation
-    and a few proposals; with max_judge_cost_usd= / max_program_cost_usd=, GEPA stops once a cap is reached.
+    and a few proposals; with max_judge_cost_usd= / max_program_cost_usd=, GEPA stops once a cap is reached;
+    judge_max_concurrency= / judge_rpm= bound the judge's requests in flight and per minute (docs/judge.md).
     """
     if reflection_lm is None:
         raise ValueError(

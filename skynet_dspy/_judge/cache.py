@@ -1,8 +1,11 @@
 """Where judge answers are kept, so an identical request is paid once: memory, a folder on disk, or Redis.
 
-Keys are digests of the request (model, messages, settings) without the API key; each stored entry
-carries the answer and the model and settings it was made with, never a key. A store that is busy or
-broken during a run is skipped for that call, with one warning: the cache is never why a call fails.
+Keys are digests of the request (model, messages, settings) without any credential; each stored entry
+is JSON carrying the answer, an integrity check, and the model and settings it was made with, never a
+credential. Nothing read from a store is decoded as anything but JSON (diskcache's pickled values are
+refused unread), so a store's contents cannot run code. A store that is busy or broken during a run is
+skipped for that call, and a foreign or damaged entry is a miss, each with one warning: the cache is
+never why a call fails.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ from typing import Any, Protocol
 from .._core import secrets
 from .._core.lru import LRU
 from .._core.values import whole_number
-from .entries import HeldLocks, WarnOnce, entry_text, stored_entry
+from .entries import (
+    MARKER_TTL,
+    BadEntry,
+    HeldLocks,
+    WarnOnce,
+    entry_text,
+    marker_token,
+    owner_gone,
+    owner_marker,
+    stored_entry,
+)
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
 DEFAULT_DISK_CACHE_SIZE = 2**30  # bytes on disk before the least recently stored answers are evicted
@@ -28,7 +41,6 @@ DISK_LOCK_TIMEOUT = 1.0  # seconds to wait for a disk store another process hold
 WRITE_QUEUE_WAIT = 5.0  # seconds a write waits for this process's other writes (each bounded by the lock timeout)
 BUSY_BACKOFF = 2.0  # seconds the store is skipped after it was busy or broken, so waiting threads go on at once
 OPEN_WAIT = 2.0  # seconds load_metric waits to open a disk store another process holds before going on without it
-IN_FLIGHT_MARGIN = 5.0  # a request's in-flight marker outlives the judge's request timeout by this many seconds
 WAIT_STEP = 0.05  # seconds between looks for an answer another process is fetching
 IN_FLIGHT_PREFIX = "skynet-dspy:in-flight:"
 
@@ -43,6 +55,82 @@ class AnswerStore(Protocol):
     def put(self, key: str, text: str, request: dict[str, Any]) -> None: ...
 
 
+def private_folder(path: Path, option: str = "judge_cache") -> None:
+    """Create `path` private to this user (mode 0700), or check an existing one is: owned by this user and
+    writable by no one else. Anyone else who can write the folder could plant entries or markers."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option}={str(path)!r} is a file; give a folder for the judge's disk cache")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()  # the folder itself, after any symlink to it
+        link = path.lstat()
+    except OSError as exc:
+        raise ValueError(
+            f"the judge cache at {path} cannot be used ({type(exc).__name__}: {exc}); give another {option}="
+        ) from None
+    me = os.getuid()
+    for what, stat in (("folder", info), ("symbolic link to the folder", link)):
+        if stat.st_uid != me:
+            raise ValueError(
+                f"{option}={str(path)!r}: the {what} belongs to another user (uid {stat.st_uid}, you are {me}), who "
+                "could plant entries in it; use a folder of your own, e.g. judge_cache='~/.cache/skynet-dspy-judge'"
+            )
+    if info.st_mode & 0o022:
+        raise ValueError(
+            f"{option}={str(path)!r}: the folder can be written by other users (mode {info.st_mode & 0o777:o}), who "
+            f"could plant entries in it; make it private (chmod 700 {path}) or use another folder"
+        )
+
+
+_safe_disk: Any = None
+
+
+def safe_disk(diskcache: Any) -> Any:
+    """A diskcache Disk that never unpickles: values and keys are str or bytes only, and a stored value of any
+    other mode (diskcache's pickle mode, planted by someone else) raises BadEntry unread. Files it reads or
+    deletes must be inside the cache folder (a planted row could name another path)."""
+    global _safe_disk
+    if _safe_disk is not None:
+        return _safe_disk
+
+    class SafeDisk(diskcache.Disk):  # type: ignore[misc,name-defined]
+        def put(self, key: Any) -> Any:
+            if not isinstance(key, str):
+                raise TypeError("the judge cache keeps str keys only")
+            return super().put(key)
+
+        def get(self, key: Any, raw: bool) -> Any:
+            if not raw:
+                raise BadEntry("a pickled key")
+            return super().get(key, raw)
+
+        def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+            if read or not isinstance(value, (str, bytes)):
+                raise TypeError("the judge cache keeps JSON text only")
+            return super().store(value, read, key=key)
+
+        def fetch(self, mode: int, filename: Any, value: Any, read: bool) -> Any:
+            if mode not in (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY, diskcache.core.MODE_TEXT):
+                raise BadEntry("a pickled value (diskcache's pickle mode), which the judge never writes")
+            if filename is not None and not self._inside(filename):
+                raise BadEntry("a value naming a file outside the cache folder")
+            return super().fetch(mode, filename, value, read)
+
+        def remove(self, file_path: Any) -> Any:
+            if self._inside(file_path):
+                return super().remove(file_path)
+            return None
+
+        def _inside(self, filename: Any) -> bool:
+            root = os.path.realpath(self._directory)
+            if not isinstance(filename, str):
+                return False
+            return os.path.realpath(os.path.join(root, filename)).startswith(root + os.sep)
+
+    _safe_disk = SafeDisk
+    return SafeDisk
+
+
 class DiskStore:
     """Answers in a folder, through diskcache: size-bounded, shared safely by threads and processes."""
 
@@ -51,15 +139,10 @@ class DiskStore:
 
         path = Path(directory).expanduser()
         self.where = str(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"judge_cache={str(directory)!r} is a file; give a folder for the judge's disk cache")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._unusable(exc) from None
+        private_folder(path)
         self._timeout = diskcache.Timeout
         self._warn = WarnOnce()
-        self._held = HeldLocks()
+        self._held = HeldLocks(self._heartbeat)
         self._write_lock = threading.Lock()
         self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
         # diskcache opens a store by writing its settings, waiting up to 60 s while another process holds it:
@@ -79,11 +162,12 @@ class DiskStore:
     def _open(self, diskcache: Any, path: Path, size_limit: int) -> None:
         try:
             cache = diskcache.Cache(
-                str(path), size_limit=size_limit, timeout=DISK_LOCK_TIMEOUT, eviction_policy="least-recently-stored"
+                str(path), size_limit=size_limit, timeout=DISK_LOCK_TIMEOUT, eviction_policy="least-recently-stored",
+                disk=safe_disk(diskcache),
             )
             cache.get("skynet-dspy:probe")
             cache.close()  # this thread's connection; each thread that uses the store opens its own
-        except (sqlite3.DatabaseError, OSError) as exc:  # sqlite3.OperationalError is a DatabaseError
+        except (sqlite3.DatabaseError, OSError, BadEntry) as exc:  # sqlite3.OperationalError is a DatabaseError
             self._open_error = exc  # raised by load if it is still waiting; else the store stays unused
         else:
             if self._closed:
@@ -116,9 +200,17 @@ class DiskStore:
         if cache is None:  # not open (yet), or busy a moment ago: no cache for this call
             return None
         try:
-            return entry_text(cache.get(key, default=None, retry=False))
+            return self._read(cache, key)
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)
+            return None
+
+    def _read(self, cache: Any, key: str) -> str | None:
+        """The answer stored under `key`; None for none, and for a foreign or damaged entry (warned once)."""
+        try:
+            return entry_text(cache.get(key, default=None, retry=False), key)
+        except (BadEntry, UnicodeDecodeError, ValueError) as exc:
+            self._warn.bad_entry(self.where, exc if isinstance(exc, BadEntry) else BadEntry(str(exc)))
             return None
 
     def put(self, key: str, text: str, request: dict[str, Any]) -> None:
@@ -127,40 +219,57 @@ class DiskStore:
             return
         try:
             with self._writing():
-                cache.set(key, stored_entry(text, request), retry=False)
+                cache.set(key, stored_entry(text, request, key), retry=False)
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)
 
-    def lead_or_wait(self, key: str, patience: float) -> str | None:
+    def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
         """None when this process should send the request (it holds the in-flight marker now); else the answer
-        another process sharing the folder fetched while this one waited (at most `patience` seconds)."""
+        another process sharing the folder fetched while this one waited (at most `patience` seconds, or until
+        `stop` is set)."""
         marker, token, cache = f"{IN_FLIGHT_PREFIX}{key}", uuid.uuid4().hex, self._usable()
         if cache is None:
             return None
         try:
-            expire = patience + IN_FLIGHT_MARGIN
-            if self._take(cache, marker, key, token, expire):
+            if self._take(cache, marker, key, token):
                 # leading now; but the answer may have been stored since this process looked
-                return entry_text(cache.get(key, default=None, retry=False))
+                return self._read(cache, key)
             deadline = time.monotonic() + patience
             while time.monotonic() < deadline:
-                text = entry_text(cache.get(key, default=None, retry=False))
+                text = self._read(cache, key)
                 if text is not None:
                     return text
-                if marker not in cache:  # the holder finished or gave up: look once more, or lead
-                    if self._take(cache, marker, key, token, expire):
-                        return entry_text(cache.get(key, default=None, retry=False))
-                time.sleep(WAIT_STEP)
+                # the holder finished, gave up, went silent (the marker expired) or died: look once more, or lead
+                if self._take(cache, marker, key, token):
+                    return self._read(cache, key)
+                if stop is not None and stop.wait(WAIT_STEP):  # the request's call ended: stop waiting
+                    break
+                if stop is None:
+                    time.sleep(WAIT_STEP)
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)
         return None
 
-    def _take(self, cache: Any, marker: str, key: str, token: str, expire: float) -> bool:
-        with self._writing():
-            if not cache.add(marker, token, expire=expire, retry=False):
+    def _take(self, cache: Any, marker: str, key: str, token: str) -> bool:
+        """Set the in-flight marker on `key` (naming this process), unless a live owner holds it: a marker whose
+        owner is a dead process on this host is taken over at once."""
+        with self._writing(), cache.transact(retry=False):
+            held = _marker(cache, marker)
+            if held is not None and not owner_gone(held):
                 return False
+            cache.set(marker, owner_marker(token), expire=MARKER_TTL, retry=False)
         self._held.hold(key, token)
         return True
+
+    def _heartbeat(self, key: str, token: str) -> None:
+        """Keep this process's marker on `key` from expiring while it fetches the answer."""
+        cache = self._cache
+        if cache is None:
+            return
+        marker = f"{IN_FLIGHT_PREFIX}{key}"
+        with self._writing(even_when_busy=True), cache.transact(retry=False):
+            if marker_token(_marker(cache, marker)) == token:
+                cache.touch(marker, expire=MARKER_TTL, retry=False)
 
     def release(self, key: str) -> None:
         """Remove the in-flight marker on `key` if this process set it (another process's is left alone)."""
@@ -172,7 +281,7 @@ class DiskStore:
             return
         try:
             with self._writing(even_when_busy=True), cache.transact(retry=False):
-                if cache.get(marker, default=None, retry=False) == token:
+                if marker_token(_marker(cache, marker)) == token:
                     cache.delete(marker, retry=False)
         except (self._timeout, sqlite3.Error, OSError) as exc:
             self._failed(exc)  # the marker expires by itself
@@ -195,6 +304,14 @@ class DiskStore:
         self._closed = True
         if self._cache is not None:
             self._cache.close()
+
+
+def _marker(cache: Any, marker: str) -> Any:
+    """An in-flight marker's value; None when there is none or it is not a marker (a planted value)."""
+    try:
+        return cache.get(marker, default=None, retry=False)
+    except BadEntry:
+        return None
 
 
 class AnswerCache:

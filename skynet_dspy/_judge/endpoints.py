@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._core import secrets
+from .entries import is_credential_setting, public_settings
 
 # dspy.LM settings that are DSPy's own or that the judge sets itself: never sent to LiteLLM.
 _NOT_SENT = frozenset({"rollout_id", "prompt_cache", "num_retries", "max_retries", "cache", "callbacks"})
@@ -39,7 +40,7 @@ class Settings(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        return secrets.redact(repr(self._values))
+        return secrets.redact(repr(public_settings(self._values)))
 
     __str__ = __repr__
 
@@ -68,6 +69,18 @@ def register_url_credentials(url: Any) -> None:
         secrets.register(unquote(value.replace("+", " ")))
 
 
+def _register_all(value: Any) -> None:
+    """Register for redaction every text in a credential setting (a str, or the values of a dict or list)."""
+    if isinstance(value, str):
+        secrets.register(value)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _register_all(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _register_all(item)
+
+
 class Endpoint:
     """One model: a LiteLLM model string, its settings (without the key) and its key, for one role."""
 
@@ -76,6 +89,11 @@ class Endpoint:
     def __init__(self, model: str, settings: Mapping[str, Any], role: str, api_key: str | None = None):
         self.model = model
         self.settings = Settings({k: v for k, v in settings.items() if k != "api_key"})
+        for name, value in self.settings.items():  # every credential setting is masked wherever it is written
+            if is_credential_setting(name):
+                _register_all(value)
+            elif name in ("extra_headers", "headers") and isinstance(value, Mapping):
+                _register_all(list(value.values()))
         self.role = role
         self._api_key = api_key
         secrets.register(api_key)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 import threading
+import time
 from typing import Any
 
 from .._core import secrets
@@ -14,34 +17,78 @@ from .._core.logs import logger
 _NOT_KEYED = frozenset(
     {"api_key", "timeout", "request_timeout", "extra_headers", "headers", "num_retries", "max_retries"}
 )
+ENTRY_VERSION = 2  # entries of another version (or none) are a miss
+
+
+class BadEntry(Exception):
+    """A stored value that is not a judge answer of this version: a pickle, damaged, or failing its check."""
+
+
+def is_credential_setting(name: object) -> bool:
+    """Whether a setting's name suggests a credential (`*key*`, `*secret*`, `*token*`, `*password*`,
+    `*credential*`, `azure_ad_token`, `vertex_credentials`...): such a value is never keyed, stored or shown.
+    Token counts (max_tokens, max_completion_tokens) are settings, not credentials."""
+    text = str(name)
+    if text.lower().endswith("tokens"):
+        return False
+    return secrets.is_credential_name(text)
+
+
+def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` without credentials: credential-named settings and every header's value are left out."""
+    kept: dict[str, Any] = {}
+    for name, value in settings.items():
+        if is_credential_setting(name):
+            continue
+        if name in ("extra_headers", "headers") and isinstance(value, dict):
+            value = {str(header): "<hidden>" for header in value}
+        kept[name] = value
+    return kept
 
 
 def request_key(request: dict[str, Any]) -> str:
-    """The cache key of a request: a digest of everything that shapes the answer, never the key."""
-    keyed = {key: value for key, value in request.items() if key not in _NOT_KEYED}
+    """The cache key of a request: a digest of everything that shapes the answer, never a credential."""
+    keyed = {key: value for key, value in request.items() if key not in _NOT_KEYED and not is_credential_setting(key)}
     blob = json.dumps(keyed, sort_keys=True, default=repr, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def stored_entry(text: str, request: dict[str, Any]) -> str:
-    """What a store keeps for an answer: the text, and the model and settings it was made with (no key)."""
-    settings = {key: value for key, value in request.items() if key not in _NOT_KEYED | {"messages", "model"}}
-    entry = {"text": text, "model": str(request.get("model")), "settings": settings}
+def _check(key: str, text: str) -> str:
+    return hashlib.sha256(f"{ENTRY_VERSION}\0{key}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def stored_entry(text: str, request: dict[str, Any], key: str) -> str:
+    """What a store keeps for an answer: JSON with the text, its key and a digest of both (the integrity
+    check), and the model and settings it was made with (no credential)."""
+    left_out = _NOT_KEYED | {"messages", "model"}
+    settings = {name: value for name, value in public_settings(request).items() if name not in left_out}
+    entry = {"v": ENTRY_VERSION, "key": key, "text": text, "check": _check(key, text),
+             "model": str(request.get("model")), "settings": settings}
     return secrets.redact(json.dumps(entry, sort_keys=True, default=repr, ensure_ascii=False))
 
 
-def entry_text(raw: Any) -> str | None:
-    """The answer text of a stored entry, or None for anything else (a foreign or damaged value)."""
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", "replace")
-    if not isinstance(raw, str):
+def entry_text(raw: Any, key: str) -> str | None:
+    """The answer text of the entry stored under `key`; None when there is none; BadEntry for a value that is
+    not a judge answer of this version (never decoded as anything but JSON: no value can run code)."""
+    if raw is None:
         return None
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadEntry("a value that is not UTF-8 text (e.g. a pickle)") from None
+    if not isinstance(raw, str):
+        raise BadEntry(f"a value of type {type(raw).__name__}, not JSON text")
     try:
         entry = json.loads(raw)
     except ValueError:
-        return None
-    text = entry.get("text") if isinstance(entry, dict) else None
-    return text if isinstance(text, str) and text else None
+        raise BadEntry("a value that is not JSON (damaged, or written by something else)") from None
+    if not isinstance(entry, dict) or entry.get("v") != ENTRY_VERSION:
+        raise BadEntry("an entry of another format or version")
+    text = entry.get("text")
+    if not isinstance(text, str) or not text or entry.get("key") != key or entry.get("check") != _check(key, text):
+        raise BadEntry("an entry that fails its integrity check")
+    return text
 
 
 class WarnOnce:
@@ -49,6 +96,7 @@ class WarnOnce:
 
     def __init__(self) -> None:
         self._warned = False
+        self._warned_entry = False
         self._lock = threading.Lock()
 
     def __call__(self, where: str, exc: BaseException) -> None:
@@ -61,20 +109,115 @@ class WarnOnce:
             "logged)", where, type(exc).__name__, secrets.redact(str(exc)),
         )
 
+    def bad_entry(self, where: str, exc: BadEntry) -> None:
+        """A stored value that is not a judge answer: a miss (it is replaced by the fresh answer), warned once."""
+        with self._lock:
+            if self._warned_entry:
+                return
+            self._warned_entry = True
+        logger.warning(
+            "skynet-dspy judge cache %s: found %s; it was read as a miss, never decoded, and is replaced by the "
+            "fresh answer (later such entries are not logged). Only skynet-dspy should write to this cache.",
+            where, exc,
+        )
+
+
+HEARTBEAT = 1.0  # seconds between the refreshes of the in-flight markers this process holds
+MARKER_TTL = 5.0  # a marker not refreshed for this long expires: its owner is silent (hung, or on a dead machine)
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc), or None when it is not running or there is
+    no /proc; a pid reused by a new process gives another value."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def owner_marker(token: str) -> str:
+    """An in-flight marker's value: who holds it (host, pid, the process's start time) and a token of its own."""
+    pid = os.getpid()
+    return json.dumps({"host": socket.gethostname(), "pid": pid, "start": _started(pid), "token": token})
+
+
+def marker_token(raw: Any) -> str | None:
+    """The token in a marker's value (None for a value that is not a marker of this version)."""
+    owner = _owner(raw)
+    token = owner.get("token") if owner is not None else None
+    return token if isinstance(token, str) else None
+
+
+def owner_gone(raw: Any) -> bool:
+    """Whether a marker's owner is known to be dead: a process on this host that no longer runs (its pid is gone or
+    is another process now). A marker that names no owner is an older version's: treated as gone too."""
+    owner = _owner(raw)
+    if owner is None:
+        return True
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False  # another machine's: it expires unless its owner keeps refreshing it
+    pid = owner["pid"]
+    started = _started(pid)
+    if started is None:
+        if os.path.isdir("/proc"):
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    return owner.get("start") is not None and started != owner.get("start")
+
+
+def _owner(raw: Any) -> dict[str, Any] | None:
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    try:
+        owner = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    return owner if isinstance(owner, dict) else None
+
 
 class HeldLocks:
-    """The in-flight locks this process holds on a shared store, by request key, each with its own token
-    (so releasing never frees another process's lock on the same key)."""
+    """The in-flight markers this process holds on a shared store, by request key, each with its own token
+    (so releasing never frees another process's marker on the same key). While any is held, a daemon thread
+    refreshes them every HEARTBEAT seconds with `refresh(key, token)`, so they outlive MARKER_TTL only while
+    this process lives."""
 
-    def __init__(self) -> None:
+    def __init__(self, refresh: Any = None) -> None:
         self._tokens: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._refresh = refresh
+        self._beating = False
 
     def hold(self, key: str, token: str) -> None:
         with self._lock:
             self._tokens[key] = token
+            start = self._refresh is not None and not self._beating
+            self._beating = self._beating or start
+        if start:
+            threading.Thread(target=self._beat, name="skynet-dspy judge cache heartbeat", daemon=True).start()
 
     def release(self, key: str) -> str | None:
-        """The token of this process's lock on `key`, now forgotten; None when it holds none."""
+        """The token of this process's marker on `key`, now forgotten; None when it holds none."""
         with self._lock:
             return self._tokens.pop(key, None)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT)
+            with self._lock:
+                held = list(self._tokens.items())
+                if not held:
+                    self._beating = False
+                    return
+            for key, token in held:
+                try:
+                    self._refresh(key, token)
+                except Exception:  # noqa: BLE001 - a store that fails now: the marker expires by itself
+                    pass

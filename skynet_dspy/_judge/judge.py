@@ -1,8 +1,11 @@
 """The judge behind llm(): the metric model, falling back to the reflection model, through LiteLLM (SPEC §5).
 
 A Judge holds where a metric's llm() calls go, retries transient failures (retry.py), pays for an
-identical request once (cache.py, with concurrent identical requests sent once) and counts what the
-judge used. LiteLLM is imported when a model is set, so `import skynet_dspy` stays fast.
+identical request once (cache.py, with concurrent identical requests sent once), keeps to its limits
+(limits.py: in flight, per minute, an endpoint's 429 pause and circuit breaker) and counts what the
+judge used. A request belongs to its metric call: once the call ends (context.CallScope) or the judge
+is closed, it stops waiting and is never sent or retried. LiteLLM is imported when a model is set, so
+`import skynet_dspy` stays fast.
 """
 
 from __future__ import annotations
@@ -27,19 +30,23 @@ from .._core.values import (
     unknown_option,
     whole_number,
 )
-from ..errors import LLMCallError, ModelNotConfigured
-from . import retry
+from ..errors import LLMCallError, ModelNotConfigured, SpendCapReached
+from . import limits, retry
 from .cache import AnswerCache, make_cache
 from .endpoints import Endpoint, endpoint
 from .entries import request_key
-from .litellm_private import response_cost
+from .litellm_private import no_banner, response_cost
 from .spend import SpendCap
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds per HTTP request to the judge model
 DEFAULT_MAX_RETRIES = 4  # retries after the first attempt, on 408 / 429 / 5xx / connection errors
 DEFAULT_RETRY_BASE_DELAY = 1.0  # seconds; doubled on every retry
+UNREACHABLE_ATTEMPTS = 2  # a connection refused / a name that does not resolve: tried at most this often per call
+COMPLETION_ESTIMATE = 1000  # completion tokens reserved under a cap for a request that sets no max_tokens
 
-_sleep = time.sleep  # tests replace this to record the backoff without waiting
+def _sleep(seconds: float, cancelled: threading.Event) -> None:
+    """The backoff before a retry, ended (Cancelled) when the request's call ends; tests replace it to record it."""
+    limits.wait(cancelled, seconds)
 
 NOT_CONFIGURED = NO_JUDGE_MODEL  # what llm() says with no model to call
 
@@ -70,7 +77,12 @@ class Judge:
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry_base_delay: float = DEFAULT_RETRY_BASE_DELAY,
         max_cost_usd: float | None = None,
+        max_concurrency: int | None = None,
+        rpm: int | None = None,
     ):
+        self._in_flight = limits.InFlight(limits.checked_limit("judge_max_concurrency", max_concurrency))
+        self._per_minute = limits.PerMinute(limits.checked_limit("judge_rpm", rpm))
+        self._requests: set[threading.Event] = set()  # the cancel events of requests in progress, for close()
         self.max_retries = whole_number("max_retries", max_retries)
         self.timeout = seconds("timeout", timeout)
         if retry_base_delay != 0:
@@ -140,6 +152,35 @@ class Judge:
         for this call. Identical requests are answered from the cache, and sent once when made at once.
         """
         check_llm_arguments(instructions, input, overrides)
+        cancelled = threading.Event()
+        scope = context.current_scope()
+        if scope is not None:
+            scope.watch(cancelled)
+        with self._lock:
+            self._requests.add(cancelled)
+        try:
+            return self._complete(instructions, input, overrides, cancelled)
+        except limits.Cancelled:
+            raise LLMCallError(
+                "skynet.llm(): the request was not sent: its metric call had ended (scored, timed out or stopped) "
+                "or the metric was closed"
+            ) from None
+        finally:
+            if scope is not None:
+                scope.unwatch(cancelled)
+            with self._lock:
+                self._requests.discard(cancelled)
+
+    def close(self) -> None:
+        """Cancel the requests in progress: none of them is sent or retried from now on (later requests are)."""
+        with self._lock:
+            requests, self._requests = self._requests, set()
+        for cancelled in requests:
+            cancelled.set()
+
+    def _complete(
+        self, instructions: str, input: str | None, overrides: dict[str, Any], cancelled: threading.Event
+    ) -> str:
         target = self._route()
         assert target is not None
         if input is None:
@@ -149,10 +190,10 @@ class Judge:
         settings = {key: value for key, value in overrides.items() if value is not None}
         request = {**target.litellm_kwargs(), "messages": messages, **settings}
         if self.cache is None:
-            return self._send(target, request)
+            return self._send(target, request, cancelled)
         key = request_key(request)
         while True:
-            text, leader = self._lookup_or_lead(key)
+            text, leader = self._lookup_or_lead(key, cancelled)
             if text is not None:
                 with self._lock:
                     self._hits += 1
@@ -161,13 +202,13 @@ class Judge:
                 continue  # another thread sent the same request; it may have failed, so look again
             shared = getattr(self.cache.store, "lead_or_wait", None)  # a store shared by processes (Redis)
             try:
-                text = shared(key, self.timeout) if shared is not None else None
+                text = shared(key, self.timeout, cancelled) if shared is not None else None
                 if text is not None:  # another process fetched it meanwhile
                     self.cache.memory.put(key, text)
                     with self._lock:
                         self._hits += 1
                     return text
-                text = self._send(target, request)
+                text = self._send(target, request, cancelled)
                 self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
                 return text
             finally:
@@ -177,7 +218,7 @@ class Judge:
                     del self._inflight[key]
                 leader.set()
 
-    def _lookup_or_lead(self, key: str) -> tuple[str | None, threading.Event | None]:
+    def _lookup_or_lead(self, key: str, cancelled: threading.Event) -> tuple[str | None, threading.Event | None]:
         """(cached text, None); (None, event) when this thread is to send the request; or (None, None) after
         waiting for another thread that sent the same request."""
         assert self.cache is not None
@@ -192,44 +233,124 @@ class Judge:
             if running is None:
                 event = self._inflight[key] = threading.Event()
                 return None, event
-        running.wait()
+        while not running.wait(limits.WAIT_STEP):
+            if cancelled.is_set():
+                raise limits.Cancelled
         return None, None
 
-    def _send(self, target: Endpoint, request: dict[str, Any]) -> str:
-        """Call LiteLLM with bounded retries; count usage; return the answer text."""
+    def _send(self, target: Endpoint, request: dict[str, Any], cancelled: threading.Event) -> str:
+        """Call LiteLLM with bounded retries, within the limits; count usage; return the answer text."""
         litellm = _import_litellm()
         request = {**request, "num_retries": 0, "max_retries": 0}
         request.setdefault("timeout", self.timeout)
+        state = limits.endpoint_state(target.model, target.api_base)
         started = time.perf_counter()
         attempts = self.max_retries + 1
         try:
             for attempt in range(1, attempts + 1):
-                if self.spend_cap is not None:
-                    self.spend_cap.check()  # refused at once, before anything is sent, once the cap is reached
-                with self._lock:
-                    self._calls += 1
                 try:
-                    with context.judging():
-                        response = litellm.completion(**request)
-                    self._account(response)
-                    text = _answer_text(response)
-                    if not text.strip():
-                        raise retry.EmptyCompletion(
-                            f"the model returned an empty completion (finish_reason={_finish_reason(response)})"
-                        )
-                    return text
+                    return self._attempt(litellm, target, request, state, cancelled)
+                except (limits.Cancelled, LLMCallError, SpendCapReached):
+                    raise
                 except Exception as exc:
                     with self._lock:
                         self._errors += 1
-                    _sleep(self._retry_delay(target, exc, attempt, attempts))
+                    _sleep(self._retry_delay(target, exc, attempt, attempts, state), cancelled)
         finally:
             with self._lock:
                 self._seconds += time.perf_counter() - started
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
 
-    def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, attempts: int) -> float:
-        """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left."""
+    def _attempt(
+        self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
+        cancelled: threading.Event,
+    ) -> str:
+        """One request: wait for the endpoint (a 429's pause; its breaker) and a turn within the limits, reserve its
+        estimated cost under a cap, send it, settle."""
+        if cancelled.is_set():
+            raise limits.Cancelled
+        try:
+            state.before_send(cancelled)
+        except limits.Unreachable as exc:
+            raise LLMCallError(f"skynet.llm(): the {target.role} {target.describe()} is unreachable: {exc}") from None
+        self._per_minute.acquire(cancelled)
+        self._in_flight.acquire(cancelled)
+        try:
+            reserved = self._reserve(litellm, request)
+            if cancelled.is_set():
+                self._settle(reserved, None, None, request)
+                raise limits.Cancelled
+            with self._lock:
+                self._calls += 1
+            try:
+                with context.judging(), no_banner(litellm):
+                    response = litellm.completion(**request)
+            except Exception:
+                self._settle(reserved, None, None, request)
+                raise
+        finally:
+            self._in_flight.release()
+        state.answered()
+        text = _answer_text(response)
+        self._settle(reserved, response, text, request)
+        if not text.strip():
+            raise retry.EmptyCompletion(
+                f"the model returned an empty completion (finish_reason={_finish_reason(response)})"
+            )
+        return text
+
+    def _reserve(self, litellm: Any, request: dict[str, Any]) -> float | None:
+        """Under a cap: reserve the request's estimated cost (its prompt's tokens, and max_tokens or
+        COMPLETION_ESTIMATE), or SpendCapReached. None without a cap."""
+        if self.spend_cap is None:
+            return None
+        completion = request.get("max_tokens") or request.get("max_completion_tokens")
+        if not isinstance(completion, int) or isinstance(completion, bool) or completion < 1:
+            completion = COMPLETION_ESTIMATE
+        prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
+        estimate = _price(litellm, request["model"], prompt, completion) if prompt is not None else None
+        return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}")
+
+    def _settle(self, reserved: float | None, response: Any, text: str | None, request: dict[str, Any]) -> None:
+        """Count a request's usage (a failed one costs nothing) and give back its reservation."""
+        if response is None:
+            if reserved is not None and self.spend_cap is not None:
+                self.spend_cap.settle(reserved, 0.0)
+            return
+        prompt, completion, cost = response_usage(response)
+        if prompt == 0 and completion == 0:  # a reply with no usage: count its tokens here, never price it $0
+            litellm = _import_litellm()
+            counted_prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
+            counted_completion = _count_tokens(litellm, request["model"], text=text or "")
+            if counted_prompt is None or counted_completion is None:
+                cost = None
+            else:
+                prompt, completion = counted_prompt, counted_completion
+                cost = _price(litellm, request["model"], prompt, completion)
+        why = f"no price known for model {getattr(response, 'model', None) or request.get('model') or 'unknown'}"
+        if self.spend_cap is not None:
+            if reserved is not None:
+                self.spend_cap.settle(reserved, cost, why)
+            else:
+                self.spend_cap.charge(cost, why)
+        with self._lock:
+            self._prompt_tokens += prompt
+            self._completion_tokens += completion
+            if cost is None:
+                self._cost_known = False
+            else:
+                self._cost += cost
+
+    def _retry_delay(
+        self, target: Endpoint, exc: Exception, attempt: int, attempts: int, state: limits.EndpointState
+    ) -> float:
+        """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left.
+        A 429 pauses every request to the endpoint; a failed connection counts towards its circuit breaker."""
         status = retry.status_of(exc)
+        unreachable = retry.is_unreachable(exc)
+        if unreachable:
+            state.connection_failed(_error_text(exc))
+            attempts = min(attempts, UNREACHABLE_ATTEMPTS)
         where = f"the {target.role} {target.describe()}"
         if retry.is_refused(exc):
             refused = f"refused the request with HTTP {status}" if status in (401, 403) else "has no API key"
@@ -242,28 +363,21 @@ class Judge:
             ) from None
         if not retry.is_retryable(exc):
             raise LLMCallError(f"skynet.llm(): {where} failed: {_error_text(exc)}", status) from None
-        if attempt == attempts:
+        asked = retry.retry_after(exc)
+        if status == 429:
+            state.pause(asked if asked is not None else retry.backoff(attempt, self.retry_base_delay, None))
+        if attempt >= attempts:
+            cannot = " cannot be reached:" if unreachable else ""
             raise LLMCallError(
-                f"skynet.llm(): {where} failed {attempts} time(s) in a row; last error: {_error_text(exc)}", status
+                f"skynet.llm(): {where}{cannot} failed {attempt} time(s) in a row; last error: {_error_text(exc)}",
+                status,
             ) from None
-        delay = retry.backoff(attempt, self.retry_base_delay, retry.retry_after(exc))
+        delay = retry.backoff(attempt, self.retry_base_delay, asked)
         logger.info(
             "skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)",
             where, _error_text(exc), delay, attempt + 1, attempts,
         )
         return delay
-
-    def _account(self, response: Any) -> None:
-        prompt, completion, cost = response_usage(response)
-        if self.spend_cap is not None:
-            self.spend_cap.charge(cost, f"no price known for model {getattr(response, 'model', None) or 'unknown'}")
-        with self._lock:
-            self._prompt_tokens += prompt
-            self._completion_tokens += completion
-            if cost is None:
-                self._cost_known = False
-            else:
-                self._cost += cost
 
     # -- what the user reads ----------------------------------------------------------------
 
@@ -294,6 +408,25 @@ def _import_litellm() -> Any:
     import litellm
 
     return litellm
+
+
+def _count_tokens(litellm: Any, model: str, **what: Any) -> int | None:
+    """Tokens in `messages=` or `text=` by LiteLLM's counter for `model`, or None when it cannot count them."""
+    try:
+        return int(litellm.token_counter(model=model, **what))
+    except Exception:  # noqa: BLE001 - an unknown model or odd content: unknown, never 0
+        return None
+
+
+def _price(litellm: Any, model: str, prompt: int, completion: int) -> float | None:
+    """USD for `prompt` + `completion` tokens of `model` at LiteLLM's prices, or None when it has none."""
+    try:
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=model, prompt_tokens=prompt, completion_tokens=completion
+        )
+        return float(prompt_cost) + float(completion_cost)
+    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it has no price for
+        return None
 
 
 def _finish_reason(response: Any) -> str:

@@ -7,8 +7,10 @@ the judge turns them off and asks these instead.
 from __future__ import annotations
 
 import email.utils
+import errno
 import random
 import re
+import socket
 import time
 from typing import Any
 
@@ -55,8 +57,64 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError))
 
 
+_UNREACHABLE = re.compile(
+    r"connection refused|name or service not known|nodename nor servname|temporary failure in name resolution|"
+    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host",
+    re.IGNORECASE,
+)
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH})
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """A connection that could not be made (refused, a name that does not resolve, no route): not a timeout, not a
+    dropped connection, not an HTTP status. Read from the exception's chain (LiteLLM keeps httpx's ConnectError and
+    the OSError under it). Retried at most once, and counted by the endpoint's circuit breaker."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # a bounded walk: a chain may loop
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(seen, OSError) and seen.errno in _UNREACHABLE_ERRNOS:
+            return True
+        if type(seen).__name__ == "ConnectError" and _UNREACHABLE.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def _duration(value: str) -> float | None:
+    """Seconds in a rate-limit reset header: "1.5", "20ms", "6m0s", "1h2m3.5s"."""
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text.replace(" ", ""):
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
+def _ratelimit_reset(headers: dict[str, str]) -> float | None:
+    """When an exhausted limit resets (x-ratelimit-reset-requests / -tokens, whose x-ratelimit-remaining-* is 0);
+    the sooner of the resets when none says it is exhausted; None without such headers."""
+    resets = {name[len("x-ratelimit-reset-"):]: _duration(value) for name, value in headers.items()
+              if name.startswith("x-ratelimit-reset-")}
+    known = {what: seconds for what, seconds in resets.items() if seconds is not None}
+    if not known:
+        return None
+    exhausted = [seconds for what, seconds in known.items() if headers.get(f"x-ratelimit-remaining-{what}") == "0"]
+    return max(exhausted) if exhausted else min(known.values())
+
+
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked to wait (Retry-After / retry-after-ms), or None."""
+    """Seconds the server asked to wait (Retry-After, retry-after-ms, or on a 429 the x-ratelimit-reset-*
+    headers: the longest of them), or None."""
     headers = _headers_of(exc)
     if headers is None:
         return None
@@ -65,6 +123,8 @@ def retry_after(exc: BaseException) -> float | None:
         if millis is not None:
             return float(millis) / 1000.0
         value = headers.get("retry-after") or headers.get("Retry-After")
+        if value is None and status_of(exc) == 429:
+            return _ratelimit_reset({str(k).lower(): str(v) for k, v in headers.items()})
     except Exception:
         return None
     if value is None:

@@ -2,7 +2,10 @@
 
 Checked before each model call and charged after it, under one lock: once the spend reaches the limit
 the next call is refused at once (SpendCapReached), so the overshoot is at most the calls already in
-flight when it was reached. Reaching it is logged once, as an error.
+flight when it was reached. The judge also reserves each request's estimated cost before sending it
+(reserve / settle): a request is refused while the spend plus the reservations of the requests in flight
+reach the limit, and a request whose cost cannot be known is refused rather than counted as free.
+Reaching it is logged once, as an error.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class SpendCap:
         self.whose = whose
         self._lock = threading.Lock()
         self._spent = 0.0
+        self._reserved = 0.0  # estimates of the requests in flight
         self._refused = 0
         self._unpriced = 0
         self._logged_reached = False
@@ -63,6 +67,36 @@ class SpendCap:
             spent = self._spent
         self._log_reached(spent)
         raise SpendCapReached(self._message(spent))
+
+    def reserve(self, estimate_usd: float | None, unpriced: str = "no price known") -> float:
+        """Before a request: reserve its estimated cost, or raise SpendCapReached when the spend and the requests
+        in flight reach the limit, or when its cost cannot be known (`unpriced` says why). Returns the reservation,
+        to give back to settle()."""
+        with self._lock:
+            spent, reserved = self._spent, self._reserved
+            if spent < self.limit_usd and spent + reserved < self.limit_usd and estimate_usd is not None:
+                self._reserved += estimate_usd
+                return estimate_usd
+            self._refused += 1
+        if estimate_usd is None and spent < self.limit_usd:
+            raise SpendCapReached(
+                f"{self.whose}'s request was not sent: its cost cannot be known ({unpriced}), and {self.option}="
+                f"{self.limit_usd:g} caps the spend, so it cannot be counted as free; register the model's price "
+                "with litellm.register_model(...), or drop the cap"
+            )
+        if spent >= self.limit_usd:
+            self._log_reached(spent)
+            raise SpendCapReached(self._message(spent))
+        raise SpendCapReached(
+            f"{self.whose}'s measured model spend ${spent:.6f} and ${reserved:.6f} reserved for the requests in "
+            f"flight reach {self.option}={self.limit_usd:g}, so this request is not sent"
+        )
+
+    def settle(self, reserved_usd: float, cost_usd: float | None, unpriced: str | None = None) -> None:
+        """After a request: give back its reservation and charge its measured cost (see charge)."""
+        with self._lock:
+            self._reserved = max(0.0, self._reserved - reserved_usd)
+        self.charge(cost_usd, unpriced)
 
     def charge(self, cost_usd: float | None, unpriced: str | None = None) -> None:
         """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once)."""

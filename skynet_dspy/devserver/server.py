@@ -89,7 +89,9 @@ class DevServer:
     `responder(request)` returns the completion text (str), or a dict with `content` and
     optionally `model`, `prompt_tokens`, `completion_tokens`. `model_name` is the model the
     server reports (LiteLLM prices a known name such as "gpt-4o-mini"); `delay` seconds are
-    added before every answer.
+    added before every answer. `max_concurrent=N` answers 429 (with `retry_after`, if given) to a request
+    that arrives while N are being answered, as a provider's concurrency limit does (`rate_limited` counts
+    them); `usage=False` leaves the `usage` block out of replies, as some providers do.
     """
 
     def __init__(
@@ -99,10 +101,19 @@ class DevServer:
         model_name: str | None = None,
         delay: float = 0.0,
         port: int = 0,
+        max_concurrent: int | None = None,
+        retry_after: float | None = None,
+        usage: bool = True,
     ):
         self.responder: Responder = responder or (lambda request: "ok")
         self.model_name = model_name
         self.delay = delay
+        self.max_concurrent = max_concurrent
+        self.retry_after = retry_after
+        self.usage = usage
+        self.rate_limited = 0  # requests answered 429 because max_concurrent were in progress
+        self.in_progress = 0
+        self.most_in_progress = 0  # the most requests ever answered at once
         self.requests: list[Request] = []
         self._faults: deque[Fault] = deque()
         self._lock = threading.Lock()
@@ -193,6 +204,33 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": {"message": "request body is not JSON"}})
                 return
             request = Request(self.path, body, dict(self.headers.items()), time.time())
+            self._counted = True
+            with server._lock:
+                server.in_progress += 1
+                server.most_in_progress = max(server.most_in_progress, server.in_progress)
+                over = server.max_concurrent is not None and server.in_progress > server.max_concurrent
+                if over:
+                    server.rate_limited += 1
+            try:
+                if over:
+                    server._record(request)
+                    wait = {"Retry-After": f"{server.retry_after:g}"} if server.retry_after is not None else {}
+                    self._send(429, {"error": {"message": "too many concurrent requests", "type": "rate_limit",
+                                               "code": 429}}, wait)
+                    return
+                self._post(request)
+            finally:
+                self._answered()
+
+        def _answered(self) -> None:
+            """The request no longer counts as in progress: before its reply is written (a client that has its
+            reply may send the next request at once, which must not find this one still counted)."""
+            if getattr(self, "_counted", False):
+                self._counted = False
+                with server._lock:
+                    server.in_progress -= 1
+
+        def _post(self, request: Request) -> None:
             fault = server._record(request)
             if fault is not None and fault.stall:
                 time.sleep(fault.stall)
@@ -220,7 +258,10 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
             except Exception as exc:
                 self._send(500, {"error": {"message": f"responder raised {type(exc).__name__}: {exc}"}})
                 return
-            self._send(200, _completion(request, reply, server.model_name))
+            completion = _completion(request, reply, server.model_name)
+            if not server.usage:
+                del completion["usage"]
+            self._send(200, completion)
 
         def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
@@ -232,6 +273,7 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.end_headers()
+            self._answered()
             self.wfile.write(data)
 
     return Handler

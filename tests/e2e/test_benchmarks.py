@@ -54,13 +54,13 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
                 "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
-                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call"):
+                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. "):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 19 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 20 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -301,3 +301,11 @@ def test_sandbox_rows_time_every_call_and_start_both_ways(quick):
         assert found[way]["failures"] == 0
         assert found[way]["start_max_ms"] >= found[way]["start_median_ms"] > 0
     assert found["first_sandboxed_load_s"] > 0
+
+
+def test_judge_limits_row_sends_without_429_under_the_limit(quick):
+    doc, _ = quick
+    found = doc["judge_limits"]
+    limited, unlimited = found["limited"], found["unlimited"]
+    assert limited["rate_limited"] == 0 and limited["failed"] == 0 and limited["sent"] == limited["requests"]
+    assert unlimited["rate_limited"] > 0 and unlimited["sent"] == unlimited["requests"] + unlimited["rate_limited"]

@@ -34,7 +34,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..call import CallRequest
-from ..context import LLMHandler
+from ..context import CallScope, LLMHandler, llm_pool
 from ..contract import CUT_MARGIN, check_return
 from ..errors import (
     NO_JUDGE_MODEL,
@@ -387,6 +387,13 @@ class ProcessExecutor:
         return outcome
 
     def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
+        scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
+        try:
+            return self._await_in(worker, call_id, scope.bind(llm))
+        finally:
+            scope.end()
+
+    def _await_in(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         deadline = time.monotonic() + self.timeout
         refused = 0
         while True:
@@ -513,8 +520,9 @@ def _log_fallback(threads: list[str]) -> None:
 
 
 def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
-    """Answer a worker's llm() request on a helper thread, so the call's timeout keeps running meanwhile.
-    False when it was refused at once (too many in flight)."""
+    """Answer a worker's llm() request on the process's bounded llm() pool, so the call's timeout keeps running
+    meanwhile (`llm` is bound to the call's scope: once the call ends, it stops). False when it was refused at
+    once (too many in flight)."""
     request_id = message.get("request")
     if not worker.llm_slots.acquire(blocking=False):
         _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,
@@ -540,7 +548,7 @@ def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm
         worker.llm_slots.release()
         _reply(worker, reply)
 
-    threading.Thread(target=answer, name="skynet-llm-for-worker", daemon=True).start()
+    llm_pool.submit(answer)
     return True
 
 

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from ..call import CallRequest
-from ..context import LLMHandler
+from ..context import CallScope, LLMHandler, llm_pool
 from ..contract import CUT_MARGIN, check_return
 from ..errors import (
     NO_JUDGE_MODEL,
@@ -612,9 +612,11 @@ class RayExecutor:
                 closed = self._closed
             return Outcome(failure=Failure.CRASHED, detail="this metric was closed; load it again to score more"
                            if closed else "no node of the Ray cluster can run the metric (every host was lost)")
+        scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop (context.py)
         try:
-            return self._exchange(host, payload, llm)
+            return self._exchange(host, payload, scope.bind(llm))
         finally:
+            scope.end()
             self._give_back(host)
 
     def _exchange(self, host: _Host, payload: bytes, llm: LLMHandler | None) -> Outcome:
@@ -651,7 +653,8 @@ class RayExecutor:
 
     def _serve(self, host: _Host, call_id: int, event: dict[str, Any], llm: LLMHandler | None,
                slots: threading.BoundedSemaphore) -> None:
-        """Answer a node's llm() request on a helper thread, with this process's judge; the call's clock runs on."""
+        """Answer a node's llm() request on the process's bounded llm() pool, with this process's judge; the call's
+        clock runs on."""
         request_id = event.get("request")
         if not slots.acquire(blocking=False):
             self._reply(host, call_id, request_id, _llm_error(
@@ -672,7 +675,7 @@ class RayExecutor:
                 slots.release()
             self._reply(host, call_id, request_id, reply)
 
-        threading.Thread(target=answer, name="skynet-llm-for-ray", daemon=True).start()
+        llm_pool.submit(answer)
 
     def _reply(self, host: _Host, call_id: int, request_id: Any, reply: dict[str, Any]) -> None:
         try:

@@ -31,7 +31,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..call import CallRequest, CallTimedOut, run_call
-from ..context import LLMHandler
+from ..context import CallScope, LLMHandler
 from ..loading import LoadedMetric
 from ..types import Failure, MetricInfo, Outcome
 from ..values import whole_number
@@ -334,9 +334,13 @@ class ThreadExecutor:
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
         """One call of score under the timeout; an Outcome whatever the metric does (short of a C-level hang)."""
         contain = _get_ident() != _MAIN_IDENT  # on the main thread a KeyboardInterrupt may be the user's Ctrl-C
-        ran, value = self._runner.run(
-            run_call, self.timeout, (self.loaded, request, llm, self.feedback_limit, contain)
-        )
+        scope = CallScope()  # ended with the call, even one left running past its timeout: its llm() requests stop
+        try:
+            ran, value = self._runner.run(
+                run_call, self.timeout, (self.loaded, request, scope.bind(llm), self.feedback_limit, contain)
+            )
+        finally:
+            scope.end()
         if ran is Ran.DONE:
             return value
         if ran is Ran.TIMED_OUT:

@@ -157,7 +157,8 @@ def test_gepa_takes_every_metric_option_and_every_gepa_option_by_name(tmp_path):
     metric_values = {"timeout": 7, "failure_score": -1.0, "output_fields": ["answer"], "to_output": None,
                      "metric_lm": "openai/judge", "judge_cache": False, "judge_cache_size": None,
                      "feedback_limit": 500, "memo_size": 10, "isolation": "thread", "workers": 1, "measure": False,
-                     "worker_max_calls": None, "worker_max_memory": None, "sandbox": False, "sandbox_network": False}
+                     "worker_max_calls": None, "worker_max_memory": None, "sandbox": False, "sandbox_network": False,
+                     "judge_max_concurrency": 3, "judge_rpm": 90}
     assert set(metric_values) | {"reflection_lm"} >= set(OPTIONS) - {"max_judge_cost_usd", "max_program_cost_usd"}
     optimizer = skynet_dspy.gepa(path, reflection_lm="openai/gpt-4o", max_metric_calls=10, num_threads=2,
                                  **{name: value for name, value in metric_values.items() if name in OPTIONS})

@@ -277,7 +277,7 @@ def test_retries_are_bounded(server, caplog):
 
 def test_retry_after_is_honoured_when_small(server, monkeypatch):
     slept = []
-    monkeypatch.setattr(_models, "_sleep", slept.append)
+    monkeypatch.setattr(_models, "_sleep", lambda seconds, cancelled: slept.append(seconds))
     server.responder = lambda request: "ok"
     server.fail_next(status=429, retry_after=0.25)
     server.fail_next(status=503, retry_after=3600)  # too long to honour: ordinary backoff instead

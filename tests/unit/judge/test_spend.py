@@ -49,17 +49,26 @@ def test_a_bad_cap_is_refused_naming_the_option(bad, metrics_dir):
         skynet_dspy.load_metric(metrics_dir / "exact_match.py", max_program_cost_usd=bad)
 
 
-def test_an_unpriced_answer_is_warned_about_once_and_not_counted(server, caplog):
+def test_an_unpriced_request_is_refused_under_a_cap_with_the_reason_and_never_sent(server):
     server.responder = priced
     server.model_name = None
     judge = Judge(metric_lm={"model": "openai/no-such-priced-model", "api_base": server.url, "api_key": KEY},
                   max_cost_usd=0.001, max_retries=0)
-    with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
-        for number in range(3):
+    for number in range(3):
+        with pytest.raises(SpendCapReached, match=r"cost cannot be known \(no price known for model "
+                                                  r"openai/no-such-priced-model\).*cannot be counted as free"):
             judge.complete("Grade.", f"answer {number}")
-    warnings = [r.getMessage() for r in caplog.records if "cost is unknown" in r.getMessage()]
-    assert len(warnings) == 1 and "max_judge_cost_usd" in warnings[0]
-    assert judge.spend_cap.snapshot().unpriced == 3 and not judge.spend_cap.reached
+    assert not server.requests
+    assert judge.spend_cap.snapshot().refused == 3 and not judge.spend_cap.reached
+
+
+def test_an_unpriced_answer_without_a_cap_is_cost_unknown_never_zero(server):
+    server.responder = priced
+    server.model_name = None
+    judge = Judge(metric_lm={"model": "openai/no-such-priced-model", "api_base": server.url, "api_key": KEY},
+                  max_retries=0)
+    judge.complete("Grade.", "answer")
+    assert judge.usage.cost_usd is None and judge.usage.calls == 1
 
 
 def test_the_judge_cap_holds_under_threads_with_bounded_overshoot(caplog):
@@ -144,3 +153,70 @@ def test_a_metric_past_its_judge_cap_fails_calls_with_neutral_feedback(tmp_path,
     records = [r for r in caplog.records if r.name == "skynet_dspy"]
     assert len([r for r in records if r.levelno >= logging.ERROR]) == 1  # the cap, once; no failure-streak alarm
     assert not [r for r in records if "spend_cap" in r.getMessage() and r.levelno == logging.WARNING]
+
+
+# a metric that starts 16 threads of its own, each asking the judge again and again, swallowing refusals
+SIXTEEN_THREADS = """
+import contextvars, threading
+from skynet import llm
+
+def score(input, output, expected=None):
+    def ask(n):
+        for attempt in range(10):
+            try:
+                llm("Answer PASS or FAIL.", input=f"{output} {n} {attempt}")
+            except Exception:
+                pass
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(ask, n)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (1.0, {"feedback": "asked"})
+"""
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_16_metric_threads_cannot_overshoot_the_cap_by_more_than_the_requests_in_flight(tmp_path, isolation):
+    from skynet_dspy.devserver import DevServer
+
+    (tmp_path / "sixteen.py").write_text(SIXTEEN_THREADS, encoding="utf-8")
+    limit = 3 * COST - 1e-9
+    with DevServer(priced, model_name="gpt-4o-mini", delay=0.05) as server:
+        model = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": KEY}
+        with skynet_dspy.load_metric(tmp_path / "sixteen.py", metric_lm=model, isolation=isolation,
+                                     judge_cache=False, max_judge_cost_usd=limit, timeout=60) as metric:
+            metric.score({"q": 1}, "out")
+            spend = metric.spend["max_judge_cost_usd"]
+        sent = len(server.requests)
+    # each request reserves its estimate before it is sent: once the spend and the reservations reach the cap no
+    # request starts, so what is spent past the cap is at most the requests in flight then (16 threads at most)
+    assert sent <= 3 + 16 and spend.spent_usd == pytest.approx(sent * COST)
+    assert spend.spent_usd - limit <= 16 * COST
+    assert spend.refused >= 16 * 10 - sent
+
+
+def test_usage_less_replies_are_priced_from_counted_tokens_never_zero():
+    from skynet_dspy.devserver import DevServer
+
+    with DevServer(lambda request: "PASS, because " + "the answer is right " * 50, model_name="gpt-4o",
+                   usage=False) as server:
+        judge = Judge(metric_lm={"model": "openai/gpt-4o", "api_base": server.url, "api_key": KEY},
+                      max_cost_usd=10.0, max_retries=0)
+        for number in range(5):
+            judge.complete("Grade this long answer.", f"answer {number} " + "word " * 300)
+    usage = judge.usage
+    assert usage.prompt_tokens > 5 * 300 and usage.completion_tokens > 5 * 150
+    assert usage.cost_usd is not None and usage.cost_usd > 0
+    assert judge.spend_cap.snapshot().spent_usd == pytest.approx(usage.cost_usd)
+
+
+def test_usage_less_unpriced_replies_are_cost_unknown_in_the_receipt():
+    from skynet_dspy._core.values import usd
+    from skynet_dspy.devserver import DevServer
+
+    with DevServer(lambda request: "PASS", usage=False) as server:
+        judge = Judge(metric_lm={"model": "openai/some-unpriced-model", "api_base": server.url, "api_key": KEY},
+                      max_retries=0)
+        judge.complete("Grade.", "x")
+    assert judge.usage.cost_usd is None and usd(judge.usage.cost_usd) == "cost unknown"

@@ -1,0 +1,152 @@
+"""How fast the judge may send: requests in flight and per minute (per metric), pauses and a breaker (per endpoint).
+
+LiteLLM's Router has `rpm`, `tpm` and `max_parallel_requests`, but counts a fixed minute, so a minute's
+quota goes out at once (tripping providers' shorter windows), and routing every request through a Router
+would change how each is sent. So the two limits here are small and hand-written: a semaphore for the
+requests in flight, a token bucket that spaces starts evenly (one every 60/R seconds after a small
+burst). Every wait here ends at once when the request's call ends (`cancelled` is set).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .._core.values import whole_number
+
+WAIT_STEP = 0.05  # seconds between looks at a cancelled request while it waits for a slot
+BREAKER_FAILURES = 3  # consecutive connection failures to one endpoint that open its breaker
+BREAKER_SECONDS = 15.0  # while open, requests to that endpoint fail at once
+MAX_PAUSE = 120.0  # a Retry-After / x-ratelimit-reset longer than this pauses the endpoint this long
+
+
+class Cancelled(Exception):
+    """The request's metric call ended (or its metric was closed) before it was sent."""
+
+
+class Unreachable(Exception):
+    """The endpoint's circuit breaker is open: its last connections failed."""
+
+
+def wait(cancelled: threading.Event, seconds: float) -> None:
+    """Sleep `seconds`, or raise Cancelled as soon as `cancelled` is set."""
+    if seconds > 0 and cancelled.wait(seconds):
+        raise Cancelled
+    if cancelled.is_set():
+        raise Cancelled
+
+
+class InFlight:
+    """At most `limit` requests in flight at once (None: no limit)."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit) if limit is not None else None
+
+    def acquire(self, cancelled: threading.Event) -> None:
+        if self._slots is None:
+            return
+        while not self._slots.acquire(timeout=WAIT_STEP):
+            if cancelled.is_set():
+                raise Cancelled
+
+    def release(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+
+
+class PerMinute:
+    """At most `rpm` request starts a minute, spread evenly: a token bucket refilled at rpm/60 a second, holding a
+    small burst (rpm/20, between 1 and 10). A request takes a token, waiting for its turn when there is none."""
+
+    def __init__(self, rpm: int | None):
+        self.rpm = rpm
+        self.burst = max(1, min(10, (rpm or 0) // 20))
+        self._lock = threading.Lock()
+        self._tokens = float(self.burst)
+        self._updated = time.monotonic()
+
+    def acquire(self, cancelled: threading.Event) -> None:
+        if self.rpm is None:
+            return
+        rate = self.rpm / 60.0
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._updated) * rate)
+            self._updated = now
+            self._tokens -= 1  # below 0: this request's turn is -tokens/rate seconds away, after those waiting
+            delay = -self._tokens / rate if self._tokens < 0 else 0.0
+        try:
+            wait(cancelled, delay)
+        except Cancelled:
+            with self._lock:
+                self._tokens += 1  # the turn goes to the next request
+            raise
+
+
+@dataclass
+class EndpointState:
+    """What the judge learnt of one endpoint: paused (a 429 asked to wait), or unreachable (its breaker)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    paused_until: float = 0.0  # monotonic
+    failures: int = 0  # consecutive connection failures
+    open_until: float = 0.0  # monotonic: the breaker is open until then
+    last_error: str = ""
+
+    def before_send(self, cancelled: threading.Event) -> None:
+        """Wait out a pause; raise Unreachable while the breaker is open."""
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                if now < self.open_until:
+                    raise Unreachable(
+                        f"its last {self.failures} connection attempts failed ({self.last_error}); not trying again "
+                        f"for {self.open_until - now:.0f} s"
+                    )
+                pause = self.paused_until - now
+            if pause <= 0:
+                return
+            wait(cancelled, pause)
+
+    def pause(self, seconds: float) -> None:
+        """A 429 asked to wait `seconds`: every request to this endpoint waits until then."""
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
+        with self.lock:
+            self.paused_until = max(self.paused_until, time.monotonic() + min(seconds, MAX_PAUSE))
+
+    def connection_failed(self, error: str) -> None:
+        with self.lock:
+            self.failures += 1
+            self.last_error = error
+            if self.failures >= BREAKER_FAILURES:
+                self.open_until = time.monotonic() + BREAKER_SECONDS
+
+    def answered(self) -> None:
+        with self.lock:
+            self.failures = 0
+            self.open_until = 0.0
+
+
+_endpoints: dict[tuple[str, str], EndpointState] = {}
+_endpoints_lock = threading.Lock()
+
+
+def endpoint_state(model: str, api_base: str | None) -> EndpointState:
+    """The process-wide state of an endpoint (a model at a base URL), shared by every judge that calls it."""
+    key = (model, api_base or "")
+    with _endpoints_lock:
+        state = _endpoints.get(key)
+        if state is None:
+            state = _endpoints[key] = EndpointState()
+        return state
+
+
+def checked_limit(name: str, value: object) -> int | None:
+    """judge_max_concurrency= / judge_rpm=: a whole number, 1 or more, or None (no limit)."""
+    if value is None:
+        return None
+    return whole_number(name, value, minimum=1, unit="requests")

@@ -10,12 +10,15 @@ calls are never counted as the program's.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core import context
@@ -25,6 +28,7 @@ from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
 from .._judge import response_usage
 from .._judge.spend import SpendCap
 from . import hooks
+from .replay import CallFigures, replay
 
 __all__ = ["cap_in_scope", "install", "installed", "measure", "observation_for", "program_caps"]
 
@@ -72,45 +76,87 @@ def program_caps(cap: SpendCap | None) -> Iterator[None]:
 
 
 class _Run:
-    """Figures of one run, added to from every thread the run uses."""
+    """Figures of one run, added to from every thread the run uses.
 
-    __slots__ = ("started", "lock", "calls", "prompt", "completion", "cost", "unpriced", "caps")
+    Its time is the program's own work plus its model calls' latencies, each call timed by itself: a call
+    answered from a cache counts the latency (and tokens and cost) it had when first made (replay.py), so a
+    cached run measures as the run it replays.
+    """
+
+    __slots__ = ("started", "lock", "calls", "cached", "prompt", "completion", "cost", "unpriced", "caps",
+                 "spans", "latency_ms", "cached_prompt", "cached_completion", "cached_cost", "overhead")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.caps = _scoped_caps()  # the program caps in scope where the run started
         self.lock = threading.Lock()
         self.calls = 0
+        self.cached = 0
         self.prompt = 0
         self.completion = 0
         self.cost = 0.0
         self.unpriced: list[str] = []
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
+        self.latency_ms = 0.0  # the calls' latencies, as first made
+        self.cached_prompt = 0
+        self.cached_completion = 0
+        self.cached_cost = 0.0
+        self.overhead = 0.0  # seconds of measurement's own bookkeeping inside the run (not the program's work)
 
-    def add(self, calls: int, prompt: int, completion: int, cost: float | None, unpriced: str | None) -> None:
+    def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False) -> None:
         with self.lock:
-            self.calls += calls
-            self.prompt += prompt
-            self.completion += completion
-            if cost is None:
-                reason = unpriced or "a model call reported no cost"
+            self.calls += figures.calls
+            self.prompt += figures.prompt_tokens
+            self.completion += figures.completion_tokens
+            self.spans.append(span)
+            self.latency_ms += figures.latency_ms
+            if cached:
+                self.cached += figures.calls
+                self.cached_prompt += figures.prompt_tokens
+                self.cached_completion += figures.completion_tokens
+            if figures.cost_usd is None:
+                reason = figures.unpriced or "a model call reported no cost"
                 if reason not in self.unpriced:
                     self.unpriced.append(reason)
             else:
-                self.cost += cost
-        for cap in self.caps:
-            cap.charge(cost, unpriced)
+                self.cost += figures.cost_usd
+                if cached:
+                    self.cached_cost += figures.cost_usd
+        if not cached:  # a cache hit spends nothing now
+            for cap in self.caps:
+                cap.charge(figures.cost_usd, figures.unpriced)
 
     def finish(self) -> Observation:
-        elapsed_ms = (time.perf_counter() - self.started) * 1000.0
+        ended = time.perf_counter()
         with self.lock:
+            waited = _covered(self.spans, self.started, ended)  # wall time spent inside model calls
+            actual = sum(end - start for start, end in self.spans)
+            own = max(0.0, (ended - self.started) - waited - self.overhead)
+            # concurrent calls (dspy.Parallel) overlap: their latencies count in the share their wall time had
+            model_ms = self.latency_ms * (waited / actual) if actual > 0 else 0.0
             return Observation(
-                run_ms=elapsed_ms,
+                run_ms=own * 1000.0 + model_ms,
                 cost_usd=None if self.unpriced else self.cost,
                 model_calls=self.calls,
                 prompt_tokens=self.prompt,
                 completion_tokens=self.completion,
                 cost_unknown_reason="; ".join(self.unpriced) or None,
+                cached_calls=self.cached,
+                cached_prompt_tokens=self.cached_prompt,
+                cached_completion_tokens=self.cached_completion,
+                cached_cost_usd=self.cached_cost,
             )
+
+
+def _covered(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by at least one span."""
+    total, reach = 0.0, start
+    for left, right in sorted(spans):
+        left, right = max(left, reach), min(right, end)
+        if right > left:
+            total += right - left
+            reach = right
+    return total
 
 
 _run: ContextVar[_Run | None] = ContextVar("skynet_measured_run", default=None)
@@ -203,7 +249,9 @@ def _file(outputs: Any, observation: Observation) -> None:
 
 
 NOT_FOUND = (
-    "no measured run of the program returned this prediction (it was not made by calling a dspy.Module)"
+    "no measured program run returned this prediction: it was made outside a dspy.Module call and outside "
+    "dspy.Evaluate (a hand-built prediction, or a program called some other way); call the program as a "
+    "dspy.Module or through dspy.Evaluate"
 )
 
 
@@ -283,6 +331,17 @@ def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Call
     return measured_call
 
 
+def _measured_program(program: Any) -> Any:
+    """What dspy.Evaluate calls instead of `program`: a dspy.Module as it is (its own call is measured), any
+    other callable (a plain function) timed as one program run."""
+    import dspy
+
+    if isinstance(program, dspy.Module) or not callable(program):
+        return program
+    timed = _timed_module_call(lambda _program, *args, **kwargs: program(*args, **kwargs), False)
+    return functools.wraps(program)(functools.partial(timed, program))
+
+
 _install_lock = threading.Lock()
 _installed = False
 
@@ -295,7 +354,10 @@ def install() -> None:
     with _install_lock:
         if not _installed:
             hooks.wrap_module_calls(_timed_module_call)
+            hooks.wrap_overridden_calls(_timed_module_call)
+            hooks.wrap_evaluate_programs(_measured_program)
             hooks.wrap_dspy_execution(_counted_dspy)
+            hooks.wrap_dspy_pricing(_timed_pricing)
             hooks.wrap_litellm(_counted_litellm)
             _installed = True
 
@@ -318,72 +380,161 @@ def _no_price(model: Any, detail: Any = None) -> str:
     return reason
 
 
-def _count_dspy_result(run: _Run, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Add one DSPy LM execution, execute(lm, call) -> CallResult, to the run."""
+def _dspy_figures(result: Any, args: tuple[Any, ...], latency_ms: float) -> CallFigures:
     figures = hooks.call_result_figures(result)
-    if figures["cache_hit"]:
-        return
     cost = figures["cost"]
-    model = getattr(args[0], "model", None) or figures["model"]
-    run.add(
-        figures["calls"],
-        token_count(figures["usage"], PROMPT_TOKENS),
-        token_count(figures["usage"], COMPLETION_TOKENS),
-        None if cost is None else float(cost),
-        None if cost is not None else _no_price(model, figures["unpriced_detail"]),
+    model = getattr(args[0], "model", None) if args else None
+    return CallFigures(
+        calls=figures["calls"],
+        prompt_tokens=token_count(figures["usage"], PROMPT_TOKENS),
+        completion_tokens=token_count(figures["usage"], COMPLETION_TOKENS),
+        cost_usd=None if cost is None else float(cost),
+        unpriced=None if cost is not None else _no_price(model or figures["model"], figures["unpriced_detail"]),
+        latency_ms=latency_ms,
     )
 
 
-def _count_litellm_response(run: _Run, response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Add one LiteLLM response to the run."""
+def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
+    """Add one DSPy LM execution, execute(lm, call) -> CallResult, to the run; a cache hit as the call it replays."""
+    key, folder = hooks.dspy_call_cache(call.args, call.asynchronous)
+    if hooks.call_result_figures(result)["cache_hit"]:
+        found = replay.recall(key, folder) if key is not None else None
+        if found is None:  # cached before anything here saw it made: DSPy kept its cost, not its tokens or time
+            found = replace(_dspy_figures(result, call.args, call.latency_ms), prompt_tokens=0, completion_tokens=0)
+        run.add(found, call.span, cached=True)
+        return
+    figures = _dspy_figures(result, call.args, call.latency_ms)
+    if key is not None:
+        replay.remember(key, figures, folder)
+    run.add(figures, call.span)
+
+
+def _litellm_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """A key for a LiteLLM request (its settings minus where it goes and the credentials), or None."""
+    request = {name: value for name, value in kwargs.items() if name not in _NOT_THE_REQUEST}
+    if args:
+        request["_args"] = list(args)
+    try:
+        text = json.dumps(request, sort_keys=True, default=repr, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return "litellm:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+
+
+_NOT_THE_REQUEST = frozenset({"api_key", "api_base", "base_url", "metadata", "litellm_logging_obj", "client",
+                              "timeout", "num_retries", "extra_headers", "headers"})
+
+
+def _count_litellm_response(run: _Run, response: Any, call: _Call) -> None:
+    """Add one LiteLLM response to the run; one answered from LiteLLM's cache as the call it replays."""
+    args, kwargs = call.args, call.kwargs
     model = kwargs.get("model") or (args[0] if args and isinstance(args[0], str) else None)
     if getattr(response, "usage", None) is None:  # a stream, or an unknown shape: its usage is not known here
-        run.add(1, 0, 0, None, f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)")
+        unknown = f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)"
+        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span)
         return
+    key = _litellm_key(args, kwargs)
+    if hooks.litellm_cache_hit(response):
+        found = replay.recall(key) if key is not None else None
+        if found is not None:
+            run.add(found, call.span, cached=True)
+            return
     prompt, completion, cost = response_usage(response)
     unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
-    run.add(1, prompt, completion, cost, unpriced)
+    figures = CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms)
+    if hooks.litellm_cache_hit(response):
+        run.add(figures, call.span, cached=True)
+        return
+    if key is not None:
+        replay.remember(key, figures)
+    run.add(figures, call.span)
 
 
-_Count = Callable[[_Run, Any, tuple[Any, ...], dict[str, Any]], None]
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One model call as the wrapper saw it: its arguments, its span, and its latency (pricing left out)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    asynchronous: bool
+    span: tuple[float, float]
+    latency_ms: float
+
+
+# The seconds DSPy's cache and pricing steps took inside the model call being counted (a list, shared with the thread
+# asyncio.to_thread prices in, which gets a copy of this context).
+_pricing: ContextVar[list[float] | None] = ContextVar("skynet_pricing_seconds", default=None)
+
+
+def _timed_pricing(original: Callable[..., Any]) -> Callable[..., Any]:
+    def priced(*args: Any, **kwargs: Any) -> Any:
+        spent = _pricing.get()
+        if spent is None:
+            return original(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    return priced
+
+
+_Count = Callable[[_Run, Any, _Call], None]
 
 
 def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[..., Any]]:
-    """A wrapper factory: `original` wrapped so a call made in a run is counted once (not the calls underneath)."""
+    """A wrapper factory: `original` wrapped so a call made in a run is counted once (not the calls underneath),
+    timed by itself (DSPy's pricing left out)."""
+
+    def begin() -> tuple[_Run | None, Any, Any, list[float]]:
+        run = _active_run()
+        if run is None:
+            return None, None, None, []
+        for cap in run.caps:
+            cap.check()  # SpendCapReached once a cap of the run's optimization is reached
+        spent = [0.0]
+        return run, _counting.set(True), _pricing.set(spent), spent
+
+    def end(run: _Run, result: Any, args: Any, kwargs: Any, asynchronous: bool, started: float,
+            spent: list[float]) -> None:
+        ended = time.perf_counter()
+        latency_ms = max(0.0, (ended - started - spent[0]) * 1000.0)
+        count(run, result, _Call(args, kwargs, asynchronous, (started, ended), latency_ms))
+        with run.lock:
+            run.overhead += time.perf_counter() - ended
 
     def wrap(original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:
         if asynchronous:
 
             @functools.wraps(original)
             async def counted_async(*args: Any, **kwargs: Any) -> Any:
-                run = _active_run()
+                run, counting, pricing, spent = begin()
                 if run is None:
                     return await original(*args, **kwargs)
-                for cap in run.caps:
-                    cap.check()  # SpendCapReached once a cap of the run's optimization is reached
-                token = _counting.set(True)
+                started = time.perf_counter()
                 try:
                     result = await original(*args, **kwargs)
                 finally:
-                    _counting.reset(token)
-                count(run, result, args, kwargs)
+                    _counting.reset(counting)
+                    _pricing.reset(pricing)
+                end(run, result, args, kwargs, True, started, spent)
                 return result
 
             return counted_async
 
         @functools.wraps(original)
         def counted(*args: Any, **kwargs: Any) -> Any:
-            run = _active_run()
+            run, counting, pricing, spent = begin()
             if run is None:
                 return original(*args, **kwargs)
-            for cap in run.caps:
-                cap.check()  # SpendCapReached once a cap of the run's optimization is reached
-            token = _counting.set(True)
+            started = time.perf_counter()
             try:
                 result = original(*args, **kwargs)
             finally:
-                _counting.reset(token)
-            count(run, result, args, kwargs)
+                _counting.reset(counting)
+                _pricing.reset(pricing)
+            end(run, result, args, kwargs, False, started, spent)
             return result
 
         return counted

@@ -79,6 +79,7 @@ def gepa(
             gepa_settings[name] = value
         else:
             raise unknown_option("skynet_dspy.gepa()", name, (*OPTIONS, *_GEPA_OPTIONS))
+    _check_budget_given(gepa_settings)
     reflection = as_dspy_lm(reflection_lm)
     if isinstance(metric, Metric):
         reject_options_for_loaded("skynet_dspy.gepa()", metric, {k: v for k, v in metric_settings.items()
@@ -114,6 +115,25 @@ def gepa(
     optimizer.skynet_metric = loaded
     record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
     return optimizer
+
+
+_BUDGETS = ("auto", "max_metric_calls", "max_full_evals")
+
+
+def _check_budget_given(settings: Mapping[str, Any]) -> None:
+    """dspy.GEPA takes exactly one budget, and says so with a bare AssertionError: say it in words first."""
+    given = [name for name in _BUDGETS if settings.get(name) is not None]
+    if len(given) == 1:
+        return
+    if not given:
+        raise ValueError(
+            "skynet_dspy.gepa() needs a budget: give exactly one of auto='light' (or 'medium', 'heavy'), "
+            "max_metric_calls=N (metric calls in all) or max_full_evals=N (full evaluations of the data)"
+        )
+    raise ValueError(
+        f"skynet_dspy.gepa() got {len(given)} budgets ({', '.join(f'{name}=' for name in given)}); give exactly one "
+        "of auto, max_metric_calls and max_full_evals"
+    )
 
 
 def as_dspy_lm(spec: Any) -> dspy.BaseLM:

@@ -141,7 +141,7 @@ class ContractReport:
         if self.stopped:
             notes.append(f"{_cases(self.stopped)} not run after a call did not return in time")
         if self.not_run:
-            notes.append(f"{_cases(self.not_run)} more not run; {self.run_all_hint}")
+            notes.append(f"{self.not_run} more {_cases(self.not_run).partition(' ')[2]} not run; {self.run_all_hint}")
         skipped = f" ({'; '.join(notes)})" if notes else ""
         return f"Contract check of {self.metric}{ran}{skipped}"
 

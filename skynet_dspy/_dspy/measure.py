@@ -29,6 +29,7 @@ from .._judge import response_usage
 from .._judge.spend import SpendCap
 from . import hooks
 from .replay import CallFigures, replay
+from .steady import anchors
 
 __all__ = ["cap_in_scope", "install", "installed", "measure", "observation_for", "program_caps"]
 
@@ -84,10 +85,11 @@ class _Run:
     """
 
     __slots__ = ("started", "lock", "calls", "cached", "prompt", "completion", "cost", "unpriced", "caps",
-                 "spans", "latency_ms", "cached_prompt", "cached_completion", "cached_cost", "overhead")
+                 "spans", "latency_ms", "cached_prompt", "cached_completion", "cached_cost", "overhead", "program")
 
-    def __init__(self) -> None:
+    def __init__(self, program: str = "a program") -> None:
         self.started = time.perf_counter()
+        self.program = program  # what ran (its class or function), whose own work keeps one anchor (steady.py)
         self.caps = _scoped_caps()  # the program caps in scope where the run started
         self.lock = threading.Lock()
         self.calls = 0
@@ -103,7 +105,10 @@ class _Run:
         self.cached_cost = 0.0
         self.overhead = 0.0  # seconds of measurement's own bookkeeping inside the run (not the program's work)
 
-    def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False) -> None:
+    def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
+        """Count one model call (a cache hit with the figures of the call it replays); its latency steadied
+        per model (steady.py), so jitter is not news."""
+        figures = replace(figures, latency_ms=anchors.steady(_kind(model, figures), figures.latency_ms))
         with self.lock:
             self.calls += figures.calls
             self.prompt += figures.prompt_tokens
@@ -135,7 +140,7 @@ class _Run:
             # concurrent calls (dspy.Parallel) overlap: their latencies count in the share their wall time had
             model_ms = self.latency_ms * (waited / actual) if actual > 0 else 0.0
             return Observation(
-                run_ms=own * 1000.0 + model_ms,
+                run_ms=anchors.steady(("program", self.program), own * 1000.0) + model_ms,
                 cost_usd=None if self.unpriced else self.cost,
                 model_calls=self.calls,
                 prompt_tokens=self.prompt,
@@ -146,6 +151,11 @@ class _Run:
                 cached_completion_tokens=self.cached_completion,
                 cached_cost_usd=self.cached_cost,
             )
+
+
+def _kind(model: Any, figures: CallFigures) -> tuple[str, str, int]:
+    """The anchor a call's latency is steadied by: its model, and its answer's size (doubling steps)."""
+    return "model", str(model), max(0, figures.completion_tokens).bit_length()
 
 
 def _covered(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -182,7 +192,7 @@ def measure(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Obs
     and in threads DSPy starts for it), as for a DSPy program's run.
     """
     install()
-    run = _Run()
+    run = _Run(_program_key(fn))
     token = _run.set(run)
     try:
         value = fn(*args, **kwargs)
@@ -285,7 +295,7 @@ def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Call
     """dspy.Module.__call__ (or acall) timing the outermost module call: the program's run on one example."""
     import dspy
 
-    def begin() -> tuple[_Run | None, Any, bool]:
+    def begin(module: Any) -> tuple[_Run | None, Any, bool]:
         """(run, contextvar token, whether this call is the run's root)."""
         if context.is_judging():
             return None, None, False  # a module the judge or a metric runs is not the program
@@ -295,13 +305,13 @@ def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Call
         joined = _joined_run()
         if joined is not None or hooks.inside_a_module():
             return joined, (_run.set(joined) if joined is not None else None), False
-        run = _Run()
+        run = _Run(_program_key(module))
         return run, _run.set(run), True
 
     if asynchronous:
 
         async def measured_acall(module: Any, /, *args: Any, **kwargs: Any) -> Any:
-            run, token, root = begin()
+            run, token, root = begin(module)
             try:
                 if root:
                     with dspy.context(**{_CONTEXT_KEY: run}):
@@ -316,7 +326,7 @@ def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Call
         return measured_acall
 
     def measured_call(module: Any, /, *args: Any, **kwargs: Any) -> Any:
-        run, token, root = begin()
+        run, token, root = begin(module)
         try:
             if root:
                 with dspy.context(**{_CONTEXT_KEY: run}):
@@ -329,6 +339,15 @@ def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Call
                 _run.reset(token)
 
     return measured_call
+
+
+def _program_key(program: Any) -> str:
+    """What a run's own work is anchored by: the program's class, or the function's qualified name."""
+    import dspy
+
+    target = type(program) if isinstance(program, dspy.Module) else program
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{getattr(target, '__module__', None) or ''}.{name}"
 
 
 def _measured_program(program: Any) -> Any:
@@ -397,16 +416,30 @@ def _dspy_figures(result: Any, args: tuple[Any, ...], latency_ms: float) -> Call
 def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
     """Add one DSPy LM execution, execute(lm, call) -> CallResult, to the run; a cache hit as the call it replays."""
     key, folder = hooks.dspy_call_cache(call.args, call.asynchronous)
+    model = getattr(call.args[0], "model", None) if call.args else None
     if hooks.call_result_figures(result)["cache_hit"]:
-        found = replay.recall(key, folder) if key is not None else None
+        found = _replayed(key, folder, model)
         if found is None:  # cached before anything here saw it made: DSPy kept its cost, not its tokens or time
             found = replace(_dspy_figures(result, call.args, call.latency_ms), prompt_tokens=0, completion_tokens=0)
-        run.add(found, call.span, cached=True)
+        run.add(found, call.span, cached=True, model=model)
         return
-    figures = _dspy_figures(result, call.args, call.latency_ms)
+    figures = _first_of_its_model(_dspy_figures(result, call.args, call.latency_ms), model)
     if key is not None:
         replay.remember(key, figures, folder)
-    run.add(figures, call.span)
+    run.add(figures, call.span, model=model)
+
+
+def _first_of_its_model(figures: CallFigures, model: Any) -> CallFigures:
+    """`figures`, marked when they are of the first call of its kind in this process (see steady.at_most)."""
+    return figures if anchors.known(_kind(model, figures)) else replace(figures, first=True)
+
+
+def _replayed(key: str | None, folder: str | None, model: Any) -> CallFigures | None:
+    """The figures a cache hit replays; a first call's latency no higher than its kind's time known now."""
+    found = replay.recall(key, folder) if key is not None else None
+    if found is not None and found.first:
+        found = replace(found, latency_ms=anchors.at_most(_kind(model, found), found.latency_ms))
+    return found
 
 
 def _litellm_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -431,23 +464,23 @@ def _count_litellm_response(run: _Run, response: Any, call: _Call) -> None:
     model = kwargs.get("model") or (args[0] if args and isinstance(args[0], str) else None)
     if getattr(response, "usage", None) is None:  # a stream, or an unknown shape: its usage is not known here
         unknown = f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)"
-        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span)
+        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span, model=model)
         return
     key = _litellm_key(args, kwargs)
     if hooks.litellm_cache_hit(response):
-        found = replay.recall(key) if key is not None else None
+        found = _replayed(key, None, model)
         if found is not None:
-            run.add(found, call.span, cached=True)
+            run.add(found, call.span, cached=True, model=model)
             return
     prompt, completion, cost = response_usage(response)
     unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
-    figures = CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms)
+    figures = _first_of_its_model(CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms), model)
     if hooks.litellm_cache_hit(response):
-        run.add(figures, call.span, cached=True)
+        run.add(figures, call.span, cached=True, model=model)
         return
     if key is not None:
         replay.remember(key, figures)
-    run.add(figures, call.span)
+    run.add(figures, call.span, model=model)
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,6 +297,7 @@ class Metric:
             measurement.install()
         self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
         self._warned_uncapped = False
+        self._warned_unmeasured = False
         self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
         self.__name__ = self.scorer.info.name
 
@@ -355,6 +356,10 @@ class Metric:
             if observation is not None and self.program_cap is not None and not self._warned_uncapped \
                     and not measurement.cap_in_scope(self.program_cap):
                 self._warn_uncapped()
+            if observation is None and not self._warned_unmeasured:
+                self._warned_unmeasured = True
+                logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
+                               "Said once per metric.", self.name, reason)
         else:
             observation, reason = None, _NOT_MEASURED
         # kept as the metric was given it: a metric in this process (isolation="thread") may change its argument

@@ -111,7 +111,7 @@ def gepa(
         extra = dict(gepa_settings.get("gepa_kwargs") or {})
         extra["stop_callbacks"] = stop_callbacks_with_caps(extra.get("stop_callbacks"), loaded)
         gepa_settings["gepa_kwargs"] = extra
-    optimizer = SkynetGEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
+    optimizer = SkynetGEPA(metric=loaded, reflection_lm=_own_history(reflection), **gepa_settings)
     optimizer.skynet_metric = loaded
     record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
     return optimizer
@@ -134,6 +134,16 @@ def _check_budget_given(settings: Mapping[str, Any]) -> None:
         f"skynet_dspy.gepa() got {len(given)} budgets ({', '.join(f'{name}=' for name in given)}); give exactly one "
         "of auto, max_metric_calls and max_full_evals"
     )
+
+
+def _own_history(lm: dspy.BaseLM) -> dspy.BaseLM:
+    """The reflection model GEPA is given: a copy of `lm` (dspy.BaseLM.copy: same settings and client, its own
+    history), so the receipt counts the reflection calls even when the same dspy.LM also runs the program
+    (the common single-`lm` setup), where its history would mix both."""
+    try:
+        return lm.copy()
+    except Exception:  # a custom LM that cannot be copied: its shared history is told apart as before
+        return lm
 
 
 def as_dspy_lm(spec: Any) -> dspy.BaseLM:

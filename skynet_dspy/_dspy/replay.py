@@ -26,7 +26,8 @@ FOLDER = "skynet_dspy_call_figures"
 
 @dataclass(frozen=True, slots=True)
 class CallFigures:
-    """One model call as first made: provider calls, tokens, cost (None: unknown, `unpriced` says why), latency."""
+    """One model call as first made: provider calls, tokens, cost (None: unknown, `unpriced` says why), latency;
+    `first`: the first call to its model in its process (its latency held a connection's set-up)."""
 
     calls: int
     prompt_tokens: int
@@ -34,6 +35,7 @@ class CallFigures:
     cost_usd: float | None
     unpriced: str | None
     latency_ms: float
+    first: bool = False
 
 
 class Replay:

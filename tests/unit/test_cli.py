@@ -61,7 +61,7 @@ VERDICTS = [
     ('(0.8, {"feedback": "OK", "scores": {"a": "high"}})', 1),
     ('(math.nan, {"feedback": "x"})', 1),
     ('(-math.inf, {"feedback": "x"})', 1),
-    ('(False, {"feedback": "x"})', 0),
+    ('(False, {"feedback": "x"})', 1),  # every output scores 0: a metric that never rewards
     ('(np.float64(0.5), {"feedback": "x"})', 0),
     ('(np.int32(1), {"feedback": "x"})', 0),
     ('(1.0, {"feedback": "x"}, None)', 1),

@@ -43,7 +43,9 @@ def test_gepa_compiles_a_program_with_the_reflection_model_judging(server, lm, m
     optimizer = skynet_dspy.gepa(metrics_dir / "judge.py", reflection_lm=reflection, max_metric_calls=12)
 
     assert isinstance(optimizer, dspy.GEPA)
-    assert optimizer.reflection_lm is reflection
+    # a copy of the model with its own history (so a receipt counts reflection calls even when one lm runs both)
+    assert optimizer.reflection_lm is not reflection and optimizer.reflection_lm.model == reflection.model
+    assert optimizer.reflection_lm.kwargs == reflection.kwargs
     metric = optimizer.skynet_metric
     assert isinstance(metric, skynet_dspy.Metric) and optimizer.metric_fn is metric
 

@@ -152,9 +152,10 @@ def wrap_dspy_execution(wrap: Callable[[Callable[..., Any], bool], Callable[...,
     return True
 
 
-# DSPy's bookkeeping around a model call: its cache lookup and store, and its pricing. Not the model's latency:
+# DSPy's bookkeeping around a model call: choosing (and first building) its engine, its cache lookup and store,
+# and its pricing. Not the model's latency:
 # the first store of a process opens DSPy's disk cache (about a second), the first pricing loads a price list.
-PRICING = ("_cached", "_store", "_price_result", "_price_legacy")
+PRICING = ("_engine", "_cached", "_store", "_price_result", "_price_legacy")
 
 
 def wrap_dspy_pricing(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -174,6 +175,33 @@ def wrap_dspy_pricing(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) 
             wrapped = functools.wraps(original)(wrap(original))
             wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
             setattr(execution, name, wrapped)
+
+
+def warm_dspy_pricing() -> None:
+    """Load DSPy's model price list now, not inside a measured run's first model call (private, dspy 3.4.1:
+    dspy.clients.model_metadata._load). Its JSON parse holds the GIL for about 80 ms, which would slow every
+    other thread's calls in a parallel first run. With LITELLM_LOCAL_MODEL_COST_MAP=True it reads the bundled
+    copy at once; otherwise DSPy may fetch the list (up to 5 s), so it loads on a background thread."""
+    import os
+
+    try:
+        from dspy.clients import model_metadata
+    except ImportError:
+        return
+    load = getattr(model_metadata, "_load", None)
+    if not callable(load):
+        return
+
+    def warm() -> None:
+        try:
+            load()
+        except Exception:  # the first model call will say what is wrong
+            pass
+
+    if os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "").lower() == "true":
+        warm()
+    else:
+        threading.Thread(target=warm, name="skynet-dspy-price-list", daemon=True).start()
 
 
 def dspy_call_cache(args: tuple[Any, ...], asynchronous: bool) -> tuple[str | None, str | None]:
@@ -336,6 +364,13 @@ def problems() -> list[str]:
         found.append(f"wrap_overridden_calls: {where}: dspy.Module defines its own __init_subclass__")
     if not callable(dspy.Evaluate.__dict__.get("__call__")):
         found.append(f"wrap_evaluate_programs: {where}: dspy.Evaluate.__call__ is gone")
+    try:
+        from dspy.clients import model_metadata
+
+        if not callable(getattr(model_metadata, "_load", None)):
+            found.append(f"warm_dspy_pricing: {where}: dspy.clients.model_metadata._load is gone")
+    except ImportError as exc:
+        found.append(f"warm_dspy_pricing: {where}: dspy.clients.model_metadata is gone ({exc})")
     try:
         from dspy.clients import execution
 

@@ -29,7 +29,7 @@ from .._judge import response_usage
 from .._judge.spend import SpendCap
 from . import hooks
 from .replay import CallFigures, replay
-from .steady import anchors
+from .steady import OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS, WAIT_FLOOR_MS, anchors
 
 __all__ = ["cap_in_scope", "install", "installed", "measure", "observation_for", "program_caps"]
 
@@ -85,10 +85,14 @@ class _Run:
     """
 
     __slots__ = ("started", "lock", "calls", "cached", "prompt", "completion", "cost", "unpriced", "caps",
-                 "spans", "latency_ms", "cached_prompt", "cached_completion", "cached_cost", "overhead", "program")
+                 "spans", "kinds", "cached_prompt", "cached_completion", "cached_cost", "overhead", "program",
+                 "thread", "cpu_started", "cpu_in_calls")
 
     def __init__(self, program: str = "a program") -> None:
         self.started = time.perf_counter()
+        self.thread = threading.get_ident()
+        self.cpu_started = time.thread_time()  # the thread's CPU time: waiting (for the GIL, for I/O) apart
+        self.cpu_in_calls = 0.0  # CPU seconds this thread spent inside the run's model calls
         self.program = program  # what ran (its class or function), whose own work keeps one anchor (steady.py)
         self.caps = _scoped_caps()  # the program caps in scope where the run started
         self.lock = threading.Lock()
@@ -99,7 +103,7 @@ class _Run:
         self.cost = 0.0
         self.unpriced: list[str] = []
         self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
-        self.latency_ms = 0.0  # the calls' latencies, as first made
+        self.kinds: list[tuple[Any, float]] = []  # each call's kind (steady.py) and latency as first made
         self.cached_prompt = 0
         self.cached_completion = 0
         self.cached_cost = 0.0
@@ -108,13 +112,14 @@ class _Run:
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
         """Count one model call (a cache hit with the figures of the call it replays); its latency steadied
         per model (steady.py), so jitter is not news."""
-        figures = replace(figures, latency_ms=anchors.steady(_kind(model, figures), figures.latency_ms))
+        kind = _kind(model, figures)
+        anchors.steady(kind, figures.latency_ms)  # moves the kind's anchor down when due
         with self.lock:
+            self.kinds.append((kind, figures.latency_ms))
             self.calls += figures.calls
             self.prompt += figures.prompt_tokens
             self.completion += figures.completion_tokens
             self.spans.append(span)
-            self.latency_ms += figures.latency_ms
             if cached:
                 self.cached += figures.calls
                 self.cached_prompt += figures.prompt_tokens
@@ -136,11 +141,14 @@ class _Run:
         with self.lock:
             waited = _covered(self.spans, self.started, ended)  # wall time spent inside model calls
             actual = sum(end - start for start, end in self.spans)
-            own = max(0.0, (ended - self.started) - waited - self.overhead)
-            # concurrent calls (dspy.Parallel) overlap: their latencies count in the share their wall time had
-            model_ms = self.latency_ms * (waited / actual) if actual > 0 else 0.0
+            own_ms = _own_work(self, ended, waited)
+            # each call counts its kind's latency as known now (the fastest seen, so a run that finished after
+            # other calls of its kind did is not penalised for the process's warm-up); concurrent calls
+            # (dspy.Parallel) overlap: their latencies count in the share their wall time had
+            latency_ms = sum(anchors.current(kind, made) for kind, made in self.kinds)
+            model_ms = latency_ms * (waited / actual) if actual > 0 else 0.0
             return Observation(
-                run_ms=anchors.steady(("program", self.program), own * 1000.0) + model_ms,
+                run_ms=own_ms + model_ms,
                 cost_usd=None if self.unpriced else self.cost,
                 model_calls=self.calls,
                 prompt_tokens=self.prompt,
@@ -153,8 +161,22 @@ class _Run:
             )
 
 
+def _own_work(run: _Run, ended: float, waited: float) -> float:
+    """The program's own work in a run, milliseconds, steadied (steady.py): its CPU time outside model calls,
+    plus the time it waited outside them (for I/O, a retrieval; for the GIL other threads held), each against
+    its own anchor. Waiting for the GIL on a busy machine is noise; a retrieval's 200 ms is not."""
+    wall = max(0.0, (ended - run.started) - waited - run.overhead) * 1000.0
+    if threading.get_ident() != run.thread:  # finished on another thread (an async run): wall time only
+        return anchors.steady(("program", run.program), wall, OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS)
+    cpu = max(0.0, time.thread_time() - run.cpu_started - run.cpu_in_calls) * 1000.0
+    cpu = min(cpu, wall)
+    return (anchors.steady(("program cpu", run.program), cpu, OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS)
+            + anchors.steady(("program wait", run.program), wall - cpu, OWN_BAND, WAIT_FLOOR_MS, OWN_RESET_FLOOR_MS))
+
+
 def _kind(model: Any, figures: CallFigures) -> tuple[str, str, int]:
-    """The anchor a call's latency is steadied by: its model, and its answer's size (doubling steps)."""
+    """The anchor a call's latency is steadied by: its model and its answer's size (doubling steps). Not the
+    prompt's size: a reworded instruction would make a kind of its own, measured afresh, noise and all."""
     return "model", str(model), max(0, figures.completion_tokens).bit_length()
 
 
@@ -377,6 +399,7 @@ def install() -> None:
             hooks.wrap_evaluate_programs(_measured_program)
             hooks.wrap_dspy_execution(_counted_dspy)
             hooks.wrap_dspy_pricing(_timed_pricing)
+            hooks.warm_dspy_pricing()
             hooks.wrap_litellm(_counted_litellm)
             _installed = True
 
@@ -561,12 +584,16 @@ def _counted(count: _Count) -> Callable[[Callable[..., Any], bool], Callable[...
             run, counting, pricing, spent = begin()
             if run is None:
                 return original(*args, **kwargs)
+            cpu = time.thread_time()
             started = time.perf_counter()
             try:
                 result = original(*args, **kwargs)
             finally:
                 _counting.reset(counting)
                 _pricing.reset(pricing)
+                if threading.get_ident() == run.thread:
+                    with run.lock:
+                        run.cpu_in_calls += time.thread_time() - cpu
             end(run, result, args, kwargs, False, started, spent)
             return result
 

@@ -323,6 +323,22 @@ def test_a_slow_case_after_good_ones_is_named(tmp_path):
     assert len(report.cases) == 2
 
 
+def test_the_header_counts_every_case_a_timeout_left_unrun(tmp_path):
+    path = write(tmp_path, """
+        import time
+
+        def score(input, output, expected=None):
+            time.sleep(30)
+        """)
+    cases = [{"input": {"n": n}, "output": "x"} for n in range(6)]
+    report = check_contract(path, cases, max_cases=4, timeout=0.3)
+    assert len(report.cases) == 1 and report.stopped == 3 and report.not_run == 2
+    assert report.heading.endswith(
+        "on 1 case (3 cases not run after a call did not return in time; 2 more cases not run; "
+        "max_cases=None runs every case)")
+    assert report.to_dict()["cases_not_run"] == 5
+
+
 def test_the_default_timeout_is_60_seconds(metrics_dir):
     report = check_contract(metrics_dir / "exact_match.py", TICKETS)
     assert "within the 60 s timeout" in report.item("Metric timeout").message

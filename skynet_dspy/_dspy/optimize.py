@@ -141,9 +141,12 @@ def _own_history(lm: dspy.BaseLM) -> dspy.BaseLM:
     history), so the receipt counts the reflection calls even when the same dspy.LM also runs the program
     (the common single-`lm` setup), where its history would mix both."""
     try:
-        return lm.copy()
+        copied = lm.copy()
     except Exception:  # a custom LM that cannot be copied: its shared history is told apart as before
         return lm
+    if isinstance(getattr(lm, "kwargs", None), secrets.RedactedDict):  # copy() makes a plain dict of it
+        copied.kwargs = secrets.RedactedDict(copied.kwargs)
+    return copied
 
 
 def as_dspy_lm(spec: Any) -> dspy.BaseLM:

@@ -167,6 +167,7 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()  # clears its line: the report starts on a clean one
+    report.run_all_hint = "--all runs every case"
     print(report.to_json() if args.json else report)
     return EXIT_OK if report.ok else EXIT_BROKEN
 

@@ -2,7 +2,8 @@
 
 The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
 `output`, and gives GEPA `(score, side_info)` where side_info holds only what SPEC §4 lets the
-reflection model see: the feedback text and the named "scores" (GEPA's objective frontier).
+reflection model see: the example's input fields, what run() returned, the feedback text and the named
+"scores" (GEPA's objective frontier), as DSPy GEPA's reflective dataset does; never expected values.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dspy.primitives.example import Example
 
 from ._core import loading, secrets
-from ._core.contract import check_timeout
+from ._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from ._core.errors import SpendCapReached
 from ._core.isolation.runner import RunWorkers
 from ._core.isolation.sandbox import folders_of
@@ -246,20 +247,30 @@ class Evaluator:
         self.close()
 
     def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
-        """Score `candidate` on `example`; side_info holds only "feedback" and (when given) "scores"."""
-        return _side_info(self.evaluate(candidate, example))
+        """Score `candidate` on `example`; side_info holds the input fields ("Inputs"), what run() returned
+        ("Generated Outputs"), "feedback" and (when given) "scores", each bounded by the feedback limit."""
+        input_values, expected = self._example(example)
+        result, output = self._evaluate(candidate, input_values, expected)
+        return _side_info(result, input_values, output, self.metric.feedback_limit)
 
     def evaluate(self, candidate: str | dict[str, str], example: Any = None) -> Result:
         """The full Result (extra side-information keys included) of `candidate` on `example`."""
+        input_values, expected = self._example(example)
+        return self._evaluate(candidate, input_values, expected)[0]
+
+    @staticmethod
+    def _example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         if example is None:
             raise ValueError(
                 "the evaluator needs an example {'input': ..., 'expected': ...}; give GEPA a dataset "
                 "(single-task search without examples has no input for run())"
             )
-        input_values, expected = as_example(example)
-        return self._evaluate(candidate, input_values, expected)
+        return as_example(example)
 
-    def _evaluate(self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None) -> Result:
+    def _evaluate(
+        self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None
+    ) -> tuple[Result, Any]:
+        """(the Result, what run() returned; _NO_OUTPUT when run() returned nothing to show)."""
         artifact = dict(candidate) if isinstance(candidate, dict) else candidate
         cap = self.metric.program_cap
         try:
@@ -269,7 +280,7 @@ class Evaluator:
                 ran = self.workers(artifact, translate.detach(input_values))
                 if ran.failure is not None:
                     outcome = Outcome(failure=ran.failure, error_type=ran.error_type, detail=ran.detail)
-                    return self.metric.scorer.failed(outcome, feedback=ran.feedback)
+                    return self.metric.scorer.failed(outcome, feedback=ran.feedback), _NO_OUTPUT
                 output, observation = ran.output, None
             elif self.metric.measuring:
                 with self.metric.capping():  # the cap governs this run() call's model calls, no others
@@ -277,12 +288,15 @@ class Evaluator:
             else:
                 output, observation = self.run(artifact, translate.detach(input_values)), None
         except SpendCapReached as exc:  # a model call run() made was refused: no more is spent
-            return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc)))
+            return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc))), _NO_OUTPUT
         except Exception as exc:
-            return self._run_failed(exc)
+            return self._run_failed(exc), _NO_OUTPUT
         unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured" if (
             self.workers is not None) else None
-        return self.metric.score(input_values, output, expected, observation=observation, unmeasured_reason=unmeasured)
+        result = self.metric.score(
+            input_values, output, expected, observation=observation, unmeasured_reason=unmeasured
+        )
+        return result, output
 
     def _run_failed(self, exc: Exception) -> Result:
         # run() is the program, not the metric: its error (never holding expected values, which run() is not
@@ -307,8 +321,38 @@ class Evaluator:
 _NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP, Failure.LOAD})
 
 
-def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
-    side_info: dict[str, Any] = {"feedback": result.feedback}
+_NO_OUTPUT: Any = object()  # run() raised or was not run: no "Generated Outputs" to show
+# The side-info keys of the input fields and of run()'s return value: DSPy GEPA's reflective dataset's words.
+INPUTS_KEY = "Inputs"
+OUTPUT_KEY = "Generated Outputs"
+
+
+def _bounded(value: Any, limit: int) -> Any:
+    """`value` as the reflection model may read it: plain scalars as they are, anything else as text, redacted
+    and at most `limit` characters (cut with a note, like feedback)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(translate.detach(value), ensure_ascii=False, default=str)
+        except Exception:  # a value JSON cannot write (a cycle, an object whose str raises): its bounded repr
+            text = shorten(value, limit)
+    return cut_feedback(secrets.redact(text), limit)
+
+
+def _side_info(
+    result: Result, input_values: Mapping[str, Any] | None = None, output: Any = _NO_OUTPUT,
+    limit: int = DEFAULT_FEEDBACK_LIMIT,
+) -> tuple[float, dict[str, Any]]:
+    side_info: dict[str, Any] = {}
+    if input_values:  # each field gets its share of the limit, so many fields cannot add up past it
+        share = max(MIN_FEEDBACK_LIMIT, limit // len(input_values))
+        side_info[INPUTS_KEY] = {str(name): _bounded(value, share) for name, value in input_values.items()}
+    if output is not _NO_OUTPUT:
+        side_info[OUTPUT_KEY] = _bounded(output, limit)
+    side_info["feedback"] = result.feedback
     if result.scores:
         side_info["scores"] = dict(result.scores)
     if result.failure in _NOT_KEPT:
@@ -474,7 +518,8 @@ def optimize_anything(
         max_workers, reflection_minibatch_size, logger, run_dir, cache_evaluation, ...), and merge= (True
         or a MergeConfig), refiner=, callbacks=, stop_callbacks=.
     Returns GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
-    Only the feedback text and the named scores reach the reflection model.
+    The reflection model sees each example's input fields, what run() returned, the feedback text and the
+    named scores (higher is better), each bounded by feedback_limit; never the expected values.
     """
     from gepa import optimize_anything as oa
 

@@ -79,7 +79,9 @@ def check_contract(
             report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
         with _adapter_warnings_silenced():
             _run_calls(metric, checked, report, progress)
-        report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields))
+        report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
+        report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields,
+                                      metric.failure_score))
         if not report.calls:
             _nothing_to_score(report, checked, metric.output_fields)
     finally:

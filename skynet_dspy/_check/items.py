@@ -17,13 +17,15 @@ STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED})
 _NAMED_SCORE_RULES = ("scores is not a dict", "too many named scores", "named score")
 
 
-def all_items(calls: list[Call], cases: list[Case], timeout: float, output_fields: Any) -> list[CheckItem]:
+def all_items(
+    calls: list[Call], cases: list[Case], timeout: float, output_fields: Any, failure_score: float = 0.0
+) -> list[CheckItem]:
     """The items that read the calls: return value, timeout, named scores, perfect output."""
     return [
         return_value(calls),
         timeout_item(calls, timeout),
         named_scores(calls),
-        perfect_output(calls, cases, output_fields),
+        perfect_output(calls, cases, output_fields, failure_score),
     ]
 
 
@@ -130,7 +132,23 @@ def _shape_hint(case: Case, output_fields: Any) -> str:
     )
 
 
-def perfect_output(calls: list[Call], cases: list[Case], output_fields: Any = None) -> CheckItem:
+# What the verdict and the item suggest when a perfect output does not score highest.
+NEVER_REWARDS = "look for an inverted comparison (== where != was meant, a negated check) or a wrong field"
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # values whose == raises or is ambiguous (arrays): taken as different
+        return False
+
+
+def perfect_output(
+    calls: list[Call], cases: list[Case], output_fields: Any = None, failure_score: float = 0.0
+) -> CheckItem:
+    """Fails when the expected values as output score no higher than the failure score, or lower than an
+    output that differs from them (a metric that never rewards a right answer); warns when every output
+    scores the same (a metric that ignores the output, or judges only its form)."""
     name = Item.PERFECT_OUTPUT
     if not any(case.expected for case in cases):
         return CheckItem(name, Status.NOT_RUN, "skipped: no case has expected values to try as a perfect output")
@@ -159,19 +177,42 @@ def perfect_output(calls: list[Call], cases: list[Case], output_fields: Any = No
         return CheckItem(name, Status.NOT_RUN, "not checked: no call on the expected values returned a valid score")
     valid = [call for call in calls if call.result.ok]
     best = max(valid, key=lambda call: call.result.score)
-    margin = _TOLERANCE * max(1.0, abs(best.result.score))
-    low = [call for call in perfect if call.result.score < best.result.score - margin]
+    margin = _TOLERANCE * max(1.0, abs(best.result.score), abs(failure_score))
+    others = [call for call in valid if call.role is not Role.PERFECT]
+    scores = {call.result.score for call in valid}
+    floor = [call for call in perfect if call.result.score <= failure_score + margin]
+    if floor:
+        call = floor[0]
+        hint = _shape_hint(cases[call.case - 1], output_fields)
+        return CheckItem(
+            # expected values of several fields, no output_fields: the check only guessed the output's shape
+            name, Status.WARNING if hint else Status.FAILED,
+            f"a perfect output scores {call.result.score:.4g} ({call.label}), no higher than the failure score "
+            f"{failure_score:g}: an optimizer can never tell it from a failed call, so nothing is rewarded. "
+            f"Check how score compares output with expected: {NEVER_REWARDS}{hint}",
+        )
+    low = [
+        (call, other) for call in perfect for other in valid
+        if other.result.score > call.result.score + margin and not _same(other.output, call.output)
+    ]
     if low:
-        call = low[0]
+        call, other = max(low, key=lambda pair: pair[1].result.score - pair[0].result.score)
+        hint = _shape_hint(cases[call.case - 1], output_fields)
+        return CheckItem(
+            name, Status.WARNING if hint else Status.FAILED,
+            f"a perfect output scores {call.result.score:.4g} ({call.label}), below the {other.result.score:.4g} "
+            f"of an output that differs from it ({other.label}). A perfect answer should score at least as high "
+            f"as any other: {NEVER_REWARDS}{hint}",
+        )
+    lowest = min(call.result.score for call in perfect)
+    if others and max(scores) - min(scores) <= margin:
         return CheckItem(
             name, Status.WARNING,
-            f"a perfect output scores {call.result.score:.4g} ({call.label}), below the {best.result.score:.4g} of "
-            f"another output ({best.label}). A perfect answer should score at least as high as any other: check "
-            "how score compares output with expected (an inverted comparison? the wrong field?)"
-            f"{_shape_hint(cases[call.case - 1], output_fields)}",
+            f"every output tried, the perfect ones included, scores {lowest:.4g}: score does not seem to tell a "
+            "right output from a wrong one (does it read the output? compare the right field?). If it judges only "
+            "the output's form, ignore this"
+            f"{_shape_hint(cases[perfect[0].case - 1], output_fields)}",
         )
-    others = [call for call in valid if call.role is not Role.PERFECT]
-    lowest = min(call.result.score for call in perfect)
     if others and all(call.role is Role.CONTRAST for call in others):
         # Only probes to compare with: a tie on every case means score cannot tell right from wrong.
         right_of = {call.case: call.result.score for call in perfect}

@@ -91,6 +91,10 @@ class Call:
         return detail
 
 
+def _cases(count: int) -> str:
+    return f"{count} case{'s' if count != 1 else ''}"
+
+
 @dataclass
 class ContractReport:
     """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`."""
@@ -100,6 +104,8 @@ class ContractReport:
     cases: list[CaseRun] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     not_run: int = 0  # cases given but not checked (beyond the number asked for)
+    stopped: int = 0  # cases among those asked for that were not run: a call did not return in time
+    run_all_hint: str = "max_cases=None runs every case"  # the CLI says "--all runs every case"
 
     @property
     def ok(self) -> bool:
@@ -118,7 +124,11 @@ class ContractReport:
         failed = [item.name for item in self.items if item.status is Status.FAILED]
         warned = [item.name for item in self.items if item.status is Status.WARNING]
         if failed:
-            return f"The contract is broken: {len(failed)} item(s) failed ({', '.join(failed)})."
+            broken = f"The contract is broken: {len(failed)} item(s) failed ({', '.join(failed)})."
+            if Item.PERFECT_OUTPUT in failed:
+                broken += (" A perfect output does not score highest, so an optimizer is never rewarded for a right "
+                           "answer: look for an inverted comparison or a wrong field in score.")
+            return broken
         if warned:
             return f"The contract holds, with {len(warned)} warning(s) ({', '.join(warned)})."
         return "The contract holds."
@@ -127,10 +137,12 @@ class ContractReport:
     def heading(self) -> str:
         count = len(self.cases)
         ran = f" on {count} case{'s' if count != 1 else ''}" if count else ""
-        skipped = (
-            f" ({self.not_run} more case{'s' if self.not_run != 1 else ''} not run; "
-            "max_cases=None / --all runs every case)"  # a report built from Python or from the command line
-        ) if self.not_run else ""
+        notes = []
+        if self.stopped:
+            notes.append(f"{_cases(self.stopped)} not run after a call did not return in time")
+        if self.not_run:
+            notes.append(f"{self.not_run} more {_cases(self.not_run).partition(' ')[2]} not run; {self.run_all_hint}")
+        skipped = f" ({'; '.join(notes)})" if notes else ""
         return f"Contract check of {self.metric}{ran}{skipped}"
 
     def __str__(self) -> str:
@@ -194,7 +206,7 @@ class ContractReport:
             "ok": self.ok,
             "verdict": self.verdict,
             "cases_run": len(self.cases),
-            "cases_not_run": self.not_run,
+            "cases_not_run": self.not_run + self.stopped,
             "items": [
                 {"name": item.name, "status": str(item.status), "passed": item.passed,
                  "message": secrets.redact(item.message)}

@@ -128,11 +128,18 @@ class Observation:
 
     run_ms: float | None  # wall time of the program's run on the example, milliseconds
     cost_usd: float | None  # USD cost of the run's model calls (0.0 when it made none)
-    model_calls: int | None = None  # model calls the run made (cache hits are not calls)
+    model_calls: int | None = None  # model calls the run made, those answered from a cache included
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_unknown_reason: str | None = None
     unmeasured_reason: str | None = None
+    # Of model_calls, those answered from DSPy's or LiteLLM's cache. Each is measured as the call it replays:
+    # the tokens, cost and latency it had when first made (so a cached run scores as the run it replays);
+    # the cached_* figures are the part of the totals above that was replayed, not spent now.
+    cached_calls: int | None = None
+    cached_prompt_tokens: int = 0
+    cached_completion_tokens: int = 0
+    cached_cost_usd: float = 0.0
 
     @property
     def total_tokens(self) -> int | None:
@@ -161,13 +168,14 @@ class ProgramUsage:
     """
 
     runs: int = 0
-    model_calls: int = 0
+    model_calls: int = 0  # calls made now: a call answered from a cache is in cached_calls instead
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
     unpriced: int = 0
     run_ms: float = 0.0
     unmeasured: int = 0
+    cached_calls: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -177,15 +185,18 @@ class ProgramUsage:
         """These figures with one more run added."""
         if not observation.measured:
             return replace(self, unmeasured=self.unmeasured + 1)
+        cached = observation.cached_calls or 0
         return ProgramUsage(
             runs=self.runs + 1,
-            model_calls=self.model_calls + (observation.model_calls or 0),
-            prompt_tokens=self.prompt_tokens + (observation.prompt_tokens or 0),
-            completion_tokens=self.completion_tokens + (observation.completion_tokens or 0),
-            cost_usd=self.cost_usd + (observation.cost_usd or 0.0),
+            model_calls=self.model_calls + (observation.model_calls or 0) - cached,
+            prompt_tokens=self.prompt_tokens + (observation.prompt_tokens or 0) - observation.cached_prompt_tokens,
+            completion_tokens=(self.completion_tokens + (observation.completion_tokens or 0)
+                               - observation.cached_completion_tokens),
+            cost_usd=self.cost_usd + max(0.0, (observation.cost_usd or 0.0) - observation.cached_cost_usd),
             unpriced=self.unpriced + (observation.cost_usd is None),
             run_ms=self.run_ms + (observation.run_ms or 0.0),
             unmeasured=self.unmeasured,
+            cached_calls=self.cached_calls + cached,
         )
 
 

@@ -51,6 +51,69 @@ def wrap_module_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..., A
             setattr(dspy.Module, name, wrapped)
 
 
+def wrap_overridden_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
+    """Also wrap `__call__` / `acall` of every dspy.Module subclass that defines its own, now and when defined later.
+
+    DSPy's tutorials write programs whose class overrides __call__ (the facility-support analyzer) and returns
+    a new dspy.Prediction: Module.__call__ never sees that run, only its sub-modules' calls. Private: a
+    subclass hook set on dspy.Module (ProgramMeta creates the classes; dspy 3.4.1 defines no __init_subclass__).
+    """
+    import dspy
+
+    def wrap_class(cls: type) -> None:
+        for name, asynchronous in (("__call__", False), ("acall", True)):
+            original = cls.__dict__.get(name)
+            if callable(original) and not getattr(original, "_skynet_wrapped", False):
+                wrapped = functools.wraps(original)(wrap(original, asynchronous))
+                wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+                setattr(cls, name, wrapped)
+
+    with _lock:
+        current = dspy.Module.__dict__.get("__init_subclass__")
+        if not getattr(getattr(current, "__func__", None), "_skynet_wrapped", False):
+            def init_subclass(cls: type, **kwargs: Any) -> None:
+                if current is not None:
+                    current.__func__(cls, **kwargs)
+                else:
+                    super(dspy.Module, cls).__init_subclass__(**kwargs)
+                wrap_class(cls)
+
+            init_subclass._skynet_wrapped = True  # type: ignore[attr-defined]
+            dspy.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+        seen: set[type] = set()
+        stack = list(dspy.Module.__subclasses__())
+        while stack:
+            cls = stack.pop()
+            if cls not in seen:
+                seen.add(cls)
+                wrap_class(cls)
+                stack.extend(cls.__subclasses__())
+
+
+def wrap_evaluate_programs(measured: Callable[[Any], Any]) -> None:
+    """Make dspy.Evaluate call `measured(program)` instead of `program`, so a plain function passed as the
+    program is measured too (a dspy.Module is measured by its own call; `measured` returns it unchanged).
+
+    Evaluate.__call__(program, ...) is public; replacing it on the class is not (checked against dspy 3.4.1).
+    """
+    import dspy
+
+    original = dspy.Evaluate.__dict__.get("__call__")
+    if not callable(original) or getattr(original, "_skynet_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (measured(args[0]), *args[1:])
+        elif kwargs.get("program") is not None:
+            kwargs["program"] = measured(kwargs["program"])
+        return original(self, *args, **kwargs)
+
+    evaluate._skynet_wrapped = True  # type: ignore[attr-defined]
+    dspy.Evaluate.__call__ = evaluate  # type: ignore[method-assign]
+
+
 def module_calls_wrapped() -> bool:
     """Whether wrap_module_calls() has been applied in this process."""
     import dspy
@@ -87,6 +150,75 @@ def wrap_dspy_execution(wrap: Callable[[Callable[..., Any], bool], Callable[...,
             wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
             setattr(execution, name, wrapped)
     return True
+
+
+# DSPy's bookkeeping around a model call: choosing (and first building) its engine, its cache lookup and store,
+# and its pricing. Not the model's latency:
+# the first store of a process opens DSPy's disk cache (about a second), the first pricing loads a price list.
+PRICING = ("_engine", "_cached", "_store", "_price_result", "_price_legacy")
+
+
+def wrap_dspy_pricing(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace dspy.clients.execution's cache and pricing steps with `wrap(original)`, to time them apart.
+
+    Private (dspy 3.4.1): execute() looks the call up in DSPy's cache, stores it there and prices it; the first
+    store of a process opens the disk cache and the first pricing loads DSPy's model metadata, which would
+    otherwise count as the first call's latency.
+    """
+    try:
+        from dspy.clients import execution
+    except ImportError:
+        return
+    for name in PRICING:
+        original = getattr(execution, name, None)
+        if callable(original) and not getattr(original, "_skynet_wrapped", False):
+            wrapped = functools.wraps(original)(wrap(original))
+            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+            setattr(execution, name, wrapped)
+
+
+def warm_dspy_pricing() -> None:
+    """Load DSPy's model price list now, not inside a measured run's first model call (private, dspy 3.4.1:
+    dspy.clients.model_metadata._load). Its JSON parse holds the GIL for about 80 ms, which would slow every
+    other thread's calls in a parallel first run. With LITELLM_LOCAL_MODEL_COST_MAP=True it reads the bundled
+    copy at once; otherwise DSPy may fetch the list (up to 5 s), so it loads on a background thread."""
+    import os
+
+    try:
+        from dspy.clients import model_metadata
+    except ImportError:
+        return
+    load = getattr(model_metadata, "_load", None)
+    if not callable(load):
+        return
+
+    def warm() -> None:
+        try:
+            load()
+        except Exception:  # the first model call will say what is wrong
+            pass
+
+    if os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "").lower() == "true":
+        warm()
+    else:
+        threading.Thread(target=warm, name="skynet-dspy-price-list", daemon=True).start()
+
+
+def dspy_call_cache(args: tuple[Any, ...], asynchronous: bool) -> tuple[str | None, str | None]:
+    """(DSPy's cache key of an execute(lm, call) call, DSPy's disk cache folder), or (None, None) when the call
+    does not use DSPy's cache. Private: PreparedCall.key() and IGNORED_CACHE_KEYS (dspy/clients/execution.py)."""
+    if len(args) < 2 or not getattr(args[1], "cache", False):
+        return None, None
+    try:
+        import dspy
+        from dspy.clients import execution
+
+        key = dspy.cache.cache_key(args[1].key(args[0], asynchronous), execution.IGNORED_CACHE_KEYS)
+    except Exception:  # a call shape this DSPy does not have: not replayable, measured as made
+        return None, None
+    cache = dspy.cache
+    folder = cache.disk_cache_dir if getattr(cache, "enable_disk_cache", False) else None
+    return key, folder
 
 
 def call_result_figures(result: Any) -> dict[str, Any]:
@@ -128,6 +260,12 @@ def _wrap_module(module: Any, wrap: Callable[[Callable[..., Any], bool], Callabl
                 wrapped = functools.wraps(original)(wrap(original, asynchronous))
                 wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
                 setattr(module, name, wrapped)
+
+
+def litellm_cache_hit(response: Any) -> bool:
+    """Whether LiteLLM answered `response` from its cache (the "cache_hit" it notes in `_hidden_params`)."""
+    hidden = getattr(response, "_hidden_params", None)
+    return bool(hidden.get("cache_hit")) if isinstance(hidden, dict) else False
 
 
 class _LiteLLMImportHook:
@@ -220,10 +358,27 @@ def problems() -> list[str]:
             found.append(f"inside_a_module: {where}: the caller_modules setting is gone")
     except ImportError as exc:
         found.append(f"inside_a_module: {where}: dspy.dsp.utils.settings.DEFAULT_CONFIG is gone ({exc})")
+    if "__init_subclass__" in dspy.Module.__dict__ and not getattr(
+        getattr(dspy.Module.__dict__["__init_subclass__"], "__func__", None), "_skynet_wrapped", False
+    ):
+        found.append(f"wrap_overridden_calls: {where}: dspy.Module defines its own __init_subclass__")
+    if not callable(dspy.Evaluate.__dict__.get("__call__")):
+        found.append(f"wrap_evaluate_programs: {where}: dspy.Evaluate.__call__ is gone")
+    try:
+        from dspy.clients import model_metadata
+
+        if not callable(getattr(model_metadata, "_load", None)):
+            found.append(f"warm_dspy_pricing: {where}: dspy.clients.model_metadata._load is gone")
+    except ImportError as exc:
+        found.append(f"warm_dspy_pricing: {where}: dspy.clients.model_metadata is gone ({exc})")
     try:
         from dspy.clients import execution
 
-        for name in ("execute", "aexecute"):
+        if not isinstance(getattr(execution, "IGNORED_CACHE_KEYS", None), list) or not callable(
+            getattr(getattr(execution, "PreparedCall", None), "key", None)
+        ):
+            found.append(f"dspy_call_cache: {where}: PreparedCall.key or IGNORED_CACHE_KEYS is gone")
+        for name in ("execute", "aexecute", *PRICING):
             if not callable(getattr(execution, name, None)):
                 found.append(f"wrap_dspy_execution: {where}: dspy.clients.execution.{name} is gone")
     except ImportError as exc:

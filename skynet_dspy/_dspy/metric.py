@@ -46,12 +46,14 @@ class Score(dspy.Prediction, float):
     A dspy.Prediction for GEPA, and a float (the score) everywhere DSPy or the user wants a number:
     sum(), averages, csv and json files, pandas, `f"{s:.2f}"`. A failed call is falsy and never at or
     above a threshold, so BootstrapFewShot never takes it as a demo; a successful call is truthy when its
-    score is above zero. The full Result (extra side-information keys, the failure's detail) is on
+    score is above zero, or at or above the metric's `success_threshold` when one is set. The full Result
+    (extra side-information keys, the failure's detail) is on
     `.result`, and the output the metric was given on `.output`, never among the fields DSPy reads.
     """
 
     _output: Any = None
     _has_output = False
+    _threshold: float | None = None  # success_threshold: truthy only at or above it (None: above zero)
 
     def __new__(cls, result: Any = None, base: Any = None, **fields: Any) -> Score:
         return float.__new__(cls, _as_result(result, base, fields).score)
@@ -86,12 +88,21 @@ class Score(dspy.Prediction, float):
             self._output, self._has_output = output, True
         return self
 
+    def _succeeds_at(self, threshold: float | None) -> Score:
+        """This Score, truthy only at or above `threshold` (None: above zero); set by Metric.__call__."""
+        self._threshold = threshold
+        return self
+
     @property
     def ok(self) -> bool:
         return self._result.ok
 
     def __bool__(self) -> bool:
-        return self._result.ok and self._result.score > 0
+        if not self._result.ok:
+            return False
+        if self._threshold is None:
+            return self._result.score > 0
+        return self._result.score >= self._threshold
 
     def __ge__(self, other: object) -> bool:
         return self._result.ok and float(self) >= _number(other)
@@ -126,14 +137,15 @@ class Score(dspy.Prediction, float):
     __str__ = __repr__
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuilt, (self._result, self._output if self._has_output else _NO_OUTPUT))
+        return (_rebuilt, (self._result, self._output if self._has_output else _NO_OUTPUT, self._threshold))
 
     def __copy__(self) -> Score:
-        return Score(self._result)._given(self._output if self._has_output else _NO_OUTPUT)
+        output = self._output if self._has_output else _NO_OUTPUT
+        return Score(self._result)._given(output)._succeeds_at(self._threshold)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Score:
         output = copy.deepcopy(self._output, memo) if self._has_output else _NO_OUTPUT
-        return Score(self._result.copy())._given(output)
+        return Score(self._result.copy())._given(output)._succeeds_at(self._threshold)
 
 
 class _NoOutput:
@@ -146,9 +158,9 @@ class _NoOutput:
 _NO_OUTPUT: Any = _NoOutput()
 
 
-def _rebuilt(result: Result, output: Any) -> Score:
+def _rebuilt(result: Result, output: Any, threshold: float | None = None) -> Score:
     """A Score from its pickled parts."""
-    return Score(result)._given(output)
+    return Score(result)._given(output)._succeeds_at(threshold)
 
 
 def _number(other: object) -> float:
@@ -261,7 +273,9 @@ class Metric:
         sandbox_network: bool = False,
         judge_max_concurrency: int | None = None,
         judge_rpm: int | None = None,
+        success_threshold: float | None = None,
     ):
+        self.success_threshold = _threshold(success_threshold)
         self.output_fields = _output_fields(output_fields)
         if to_output is not None and not callable(to_output):
             raise TypeError("to_output must be a function taking the dspy.Prediction and returning the output")
@@ -293,6 +307,7 @@ class Metric:
             measurement.install()
         self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
         self._warned_uncapped = False
+        self._warned_unmeasured = False
         self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
         self.__name__ = self.scorer.info.name
 
@@ -316,11 +331,11 @@ class Metric:
         entry = self._memo.get(key)
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
-            return Score(entry.result.copy())._given(entry.output)
+            return Score(entry.result.copy())._given(entry.output)._succeeds_at(self.success_threshold)
         scored = self._score_dspy(gold, pred)
         if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD):  # a call never run is worth trying again
             self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
-        return Score(scored.result.copy())._given(scored.output)
+        return Score(scored.result.copy())._given(scored.output)._succeeds_at(self.success_threshold)
 
     def _score_dspy(self, gold: Any, pred: Any) -> _Scored:
         try:
@@ -351,6 +366,10 @@ class Metric:
             if observation is not None and self.program_cap is not None and not self._warned_uncapped \
                     and not measurement.cap_in_scope(self.program_cap):
                 self._warn_uncapped()
+            if observation is None and not self._warned_unmeasured:
+                self._warned_unmeasured = True
+                logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
+                               "Said once per metric.", self.name, reason)
         else:
             observation, reason = None, _NOT_MEASURED
         # kept as the metric was given it: a metric in this process (isolation="thread") may change its argument
@@ -478,6 +497,18 @@ class Metric:
         )
 
 
+def _threshold(value: Any) -> float | None:
+    """success_threshold=, checked: None, or a finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise TypeError(
+            f"success_threshold must be a finite number (a call counts as a success at or above it), got {value!r}; "
+            "e.g. success_threshold=1.0 to bootstrap only from perfect calls"
+        )
+    return float(value)
+
+
 def _output_fields(names: Sequence[str] | str | None) -> list[str] | None:
     if names is None:
         return None
@@ -537,7 +568,9 @@ def load_metric(source: Any, **options: Any) -> Metric:
     reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
     True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it),
     judge_max_concurrency and judge_rpm (at most N judge requests in flight and R started a minute, spread
-    evenly, across every thread and worker: docs/judge.md).
+    evenly, across every thread and worker: docs/judge.md), success_threshold
+    (None: a call succeeds when it scores above 0; a number: only at or above it. What BootstrapFewShot and
+    MIPROv2 take as a demo without metric_threshold=; the score itself is unchanged).
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)

@@ -80,6 +80,7 @@ def gepa(
             gepa_settings[name] = value
         else:
             raise unknown_option("skynet_dspy.gepa()", name, (*OPTIONS, *_GEPA_OPTIONS))
+    _check_budget_given(gepa_settings)
     reflection = as_dspy_lm(reflection_lm)
     if isinstance(metric, Metric):
         reject_options_for_loaded("skynet_dspy.gepa()", metric, {k: v for k, v in metric_settings.items()
@@ -111,10 +112,42 @@ def gepa(
         extra = dict(gepa_settings.get("gepa_kwargs") or {})
         extra["stop_callbacks"] = stop_callbacks_with_caps(extra.get("stop_callbacks"), loaded)
         gepa_settings["gepa_kwargs"] = extra
-    optimizer = SkynetGEPA(metric=loaded, reflection_lm=reflection, **gepa_settings)
+    optimizer = SkynetGEPA(metric=loaded, reflection_lm=_own_history(reflection), **gepa_settings)
     optimizer.skynet_metric = loaded
     record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
     return optimizer
+
+
+_BUDGETS = ("auto", "max_metric_calls", "max_full_evals")
+
+
+def _check_budget_given(settings: Mapping[str, Any]) -> None:
+    """dspy.GEPA takes exactly one budget, and says so with a bare AssertionError: say it in words first."""
+    given = [name for name in _BUDGETS if settings.get(name) is not None]
+    if len(given) == 1:
+        return
+    if not given:
+        raise ValueError(
+            "skynet_dspy.gepa() needs a budget: give exactly one of auto='light' (or 'medium', 'heavy'), "
+            "max_metric_calls=N (metric calls in all) or max_full_evals=N (full evaluations of the data)"
+        )
+    raise ValueError(
+        f"skynet_dspy.gepa() got {len(given)} budgets ({', '.join(f'{name}=' for name in given)}); give exactly one "
+        "of auto, max_metric_calls and max_full_evals"
+    )
+
+
+def _own_history(lm: dspy.BaseLM) -> dspy.BaseLM:
+    """The reflection model GEPA is given: a copy of `lm` (dspy.BaseLM.copy: same settings and client, its own
+    history), so the receipt counts the reflection calls even when the same dspy.LM also runs the program
+    (the common single-`lm` setup), where its history would mix both."""
+    try:
+        copied = lm.copy()
+    except Exception:  # a custom LM that cannot be copied: its shared history is told apart as before
+        return lm
+    if isinstance(getattr(lm, "kwargs", None), secrets.RedactedDict):  # copy() makes a plain dict of it
+        copied.kwargs = secrets.RedactedDict(copied.kwargs)
+    return copied
 
 
 def as_dspy_lm(spec: Any) -> dspy.BaseLM:

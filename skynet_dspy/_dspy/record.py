@@ -224,6 +224,7 @@ def _program_spent(before: ProgramUsage, after: ProgramUsage) -> ProgramUsage:
         unpriced=after.unpriced - before.unpriced,
         run_ms=after.run_ms - before.run_ms,
         unmeasured=after.unmeasured - before.unmeasured,
+        cached_calls=after.cached_calls - before.cached_calls,
     )
 
 

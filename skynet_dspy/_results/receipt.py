@@ -75,7 +75,8 @@ class CostReceipt:
             program_text = "not measured"
         else:
             cost = usd(program.cost_usd) + (f" (+{program.unpriced} unpriced run(s))" if program.unpriced else "")
-            program_text = (f"{program.runs} run(s), {program.model_calls} model call(s), "
+            cached = f" (+{program.cached_calls} answered from a cache)" if program.cached_calls else ""
+            program_text = (f"{program.runs} run(s), {program.model_calls} model call(s){cached}, "
                             f"{program.total_tokens:,} tokens, {cost}, {program.run_ms / 1000:.2f} s of runs")
         judge = self.judge
         judge_text = (f"{judge.calls} call(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "

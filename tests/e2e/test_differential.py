@@ -375,9 +375,11 @@ def test_plain_gepa_runs_the_same_with_the_skynet_metric(skynet_file):
 
     def native(run: Any, reflect: Any) -> Any:
         def evaluator(candidate: str, example: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-            value, feedback = verdict(run(candidate, example["input"]), example["expected"]["label"],
-                                      example["expected"]["cue"])
-            return value, {"feedback": feedback, "scores": {"exact": value}}
+            output = run(candidate, example["input"])
+            value, feedback = verdict(output, example["expected"]["label"], example["expected"]["cue"])
+            # what skynet-dspy shows the reflection model, as DSPy GEPA's reflective dataset does
+            return value, {"Inputs": dict(example["input"]), "Generated Outputs": output, "feedback": feedback,
+                           "scores": {"exact": value}}
 
         config = oa.GEPAConfig(
             engine=oa.EngineConfig(seed=0, max_metric_calls=80, parallel=False, cache_evaluation=False),

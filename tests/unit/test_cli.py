@@ -61,7 +61,7 @@ VERDICTS = [
     ('(0.8, {"feedback": "OK", "scores": {"a": "high"}})', 1),
     ('(math.nan, {"feedback": "x"})', 1),
     ('(-math.inf, {"feedback": "x"})', 1),
-    ('(False, {"feedback": "x"})', 0),
+    ('(False, {"feedback": "x"})', 1),  # every output scores 0: a metric that never rewards
     ('(np.float64(0.5), {"feedback": "x"})', 0),
     ('(np.int32(1), {"feedback": "x"})', 0),
     ('(1.0, {"feedback": "x"}, None)', 1),
@@ -341,3 +341,28 @@ def test_what_the_metric_prints_goes_to_stderr_not_into_the_report(tmp_path, cap
     exit_code, out, err = run_main(capfd, "check", metric, "--data", data, "--isolation", isolation)
     assert exit_code == 0 and "Contract check of" in out
     assert "NOISE FROM THE METRIC" not in out and "NOISE FROM THE METRIC" in err
+
+
+INVERTED_METRIC = '''
+def score(input, output, expected=None):
+    right = output != expected["label"]   # the bug: an inverted comparison
+    return float(right), {"feedback": "right" if right else "wrong"}
+'''
+
+
+def test_an_inverted_metric_fails_the_check_with_exit_1_in_text_and_json(tmp_path, capsys):
+    cases = [{"input": {"t": n}, "expected": {"label": label}} for n, label in enumerate(["a", "b", "c"])]
+    data = write_cases(tmp_path, cases)
+    metric = tmp_path / "inverted.py"
+    metric.write_text(INVERTED_METRIC, encoding="utf-8")
+    exit_code, out, _ = run_main(capsys, "check", metric, "--data", data)
+    assert exit_code == 1
+    assert "[FAIL] Perfect output scores highest" in out
+    assert out.rstrip().splitlines()[-1].startswith("The contract is broken")
+    assert "inverted comparison" in out.rstrip().splitlines()[-1]
+    exit_code, out, _ = run_main(capsys, "check", metric, "--data", data, "--json")
+    report = json.loads(out)
+    assert exit_code == 1 and report["ok"] is False
+    item = next(item for item in report["items"] if item["name"] == "Perfect output scores highest")
+    assert item["status"] == "failed" and "no higher than the failure score" in item["message"]
+    assert "inverted comparison" in report["verdict"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -37,7 +38,7 @@ def echo_run(artifact, input):
 # -- side_info -----------------------------------------------------------------------------
 
 
-def test_side_info_holds_only_feedback_and_named_scores():
+def test_side_info_holds_inputs_output_feedback_and_named_scores_never_expected():
     secret = f"EXP-{uuid.uuid4().hex}"
 
     def score(input, output, expected=None):
@@ -51,15 +52,38 @@ def test_side_info_holds_only_feedback_and_named_scores():
     evaluator = skynet_dspy.make_evaluator(echo_run, score)
     value, side_info = evaluator("A", example({"q": "x"}, {"label": secret}))
     assert value == 0.25
-    assert side_info == {"feedback": "Too short.", "scores": {"length": 0.5, "format": 1.0}}
+    # what the reflection model reads: the input fields, run()'s return value, the feedback and the named scores
+    assert side_info == {"Inputs": {"q": "x"}, "Generated Outputs": "A|x", "feedback": "Too short.",
+                         "scores": {"length": 0.5, "format": 1.0}}
     assert secret not in repr(side_info)
     # The extra keys are still the user's, on the full Result.
     assert evaluator.evaluate("A", example({"q": "x"}, {"label": secret})).extra["expected_seen"] == secret
 
 
+def test_side_info_inputs_and_output_are_bounded_like_the_feedback_and_redacted():
+    key = "sk-" + "a1B2c3D4" * 6  # shaped like an OpenAI key: redacted wherever the package shows text
+    fields = {f"f{n}": "word " * 5_000 for n in range(30)}  # 30 fields of 25,000 characters each
+
+    def run(artifact, input):
+        return {"answer": "x " * 50_000, "key": key, "nested": [1, 2, {"deep": None}]}
+
+    evaluator = skynet_dspy.make_evaluator(run, lambda i, o: (1.0, {"feedback": "ok"}), feedback_limit=1_000)
+    _, side_info = evaluator("A", example(fields))
+    shown = side_info["Generated Outputs"]
+    assert isinstance(shown, str) and len(shown) <= 1_000 and "[feedback cut:" in shown  # JSON text, cut
+    assert key not in repr(side_info)
+    assert all(len(value) <= max(100, 1_000 // 30) for value in side_info["Inputs"].values())
+    assert len(json.dumps(side_info["Inputs"])) < 30 * 200  # the fields share the limit
+    # plain scalars stay as they are
+    _, plain = skynet_dspy.make_evaluator(lambda a, i: 3, lambda i, o: (1.0, {"feedback": "ok"}))(
+        "A", example({"n": 7, "flag": True}))
+    assert plain["Inputs"] == {"n": 7, "flag": True} and plain["Generated Outputs"] == 3
+
+
 def test_side_info_without_named_scores_is_feedback_alone():
     evaluator = skynet_dspy.make_evaluator(echo_run, lambda input, output: (1.0, {"feedback": "Fine."}))
-    assert evaluator("A", example({"q": "x"})) == (1.0, {"feedback": "Fine."})
+    assert evaluator("A", example({"q": "x"})) == (
+        1.0, {"Inputs": {"q": "x"}, "Generated Outputs": "A|x", "feedback": "Fine."})
 
 
 def test_output_is_what_run_returned_and_expected_reaches_the_metric(metrics_dir):
@@ -67,9 +91,11 @@ def test_output_is_what_run_returned_and_expected_reaches_the_metric(metrics_dir
         return artifact.format(**input)
 
     evaluator = skynet_dspy.make_evaluator(run, metrics_dir / "exact_match.py")
-    assert evaluator("{q}", example({"q": "yes"}, {"label": "yes"})) == (1.0, {"feedback": "Correct."})
+    assert evaluator("{q}", example({"q": "yes"}, {"label": "yes"})) == (
+        1.0, {"Inputs": {"q": "yes"}, "Generated Outputs": "yes", "feedback": "Correct."})
     value, side_info = evaluator("not {q}", example({"q": "yes"}, {"label": "yes"}))
-    assert value == 0.0 and side_info == {"feedback": "Expected 'yes', got 'not yes'."}
+    assert value == 0.0 and side_info["feedback"] == "Expected 'yes', got 'not yes'."
+    assert side_info["Generated Outputs"] == "not yes"
 
 
 def test_str_and_dict_candidates_reach_run_as_given():
@@ -99,7 +125,8 @@ def test_run_cannot_change_the_dataset():
         return 1.0, {"feedback": f"metric saw {input['q']}"}  # what the metric got, told through its feedback
 
     item = example({"q": "original"}, {"label": "x"})
-    assert skynet_dspy.make_evaluator(run, score)("A", item) == (1.0, {"feedback": "metric saw original"})
+    value, side_info = skynet_dspy.make_evaluator(run, score)("A", item)
+    assert (value, side_info["feedback"], side_info["Inputs"]) == (1.0, "metric saw original", {"q": "original"})
     assert item["input"]["q"] == "original"
 
 
@@ -119,9 +146,11 @@ def test_a_run_that_raises_scores_the_failure_score_and_the_run_goes_on():
     value, side_info = evaluator("A", example({"q": "bad"}))
     assert value == -1.0
     # run() is the program, not the metric: its own error is the feedback the reflection model can act on
-    assert side_info == {"feedback": "run(artifact, input) raised ZeroDivisionError: division by zero in the template"}
+    # run() raised: nothing it returned to show, the input still is
+    assert side_info == {"Inputs": {"q": "bad"},
+                         "feedback": "run(artifact, input) raised ZeroDivisionError: division by zero in the template"}
     assert evaluator.stats["run_exception"] == 1 and evaluator.stats["calls"] == 0  # the metric was not called
-    assert evaluator("A", example({"q": "good"})) == (1.0, {"feedback": "Good: fine."})
+    assert evaluator("A", example({"q": "good"}))[1]["feedback"] == "Good: fine."
     assert evaluator.stats["run_exception"] == 1 and evaluator.stats["calls"] == 1
 
 
@@ -131,7 +160,7 @@ def test_a_metric_that_raises_gives_failure_feedback():
 
     evaluator = skynet_dspy.make_evaluator(echo_run, score)
     value, side_info = evaluator("A", example({"q": "x"}))
-    assert value == 0.0 and set(side_info) == {"feedback"}
+    assert value == 0.0 and set(side_info) == {"Inputs", "Generated Outputs", "feedback"}
     # the reflection model reads a neutral sentence: the exception type, never its message
     assert side_info["feedback"] == "Not scored: the metric raised KeyError while scoring this output."
     result = evaluator.evaluate("A", example({"q": "x"}))
@@ -160,8 +189,8 @@ def test_a_metric_past_its_timeout_scores_the_failure_and_does_not_hold_up_the_r
         value, side_info = evaluator("A", example({"q": "stuck"}))
         assert time.monotonic() - started < 30  # cut at the timeout, not after the minute of sleep
         assert value == 0.0
-        assert side_info == {"feedback": "Not scored: the metric timed out after 0.3 s on this output."}
-        assert evaluator("A", example({"q": "next"})) == (1.0, {"feedback": "Done."})
+        assert side_info["feedback"] == "Not scored: the metric timed out after 0.3 s on this output."
+        assert evaluator("A", example({"q": "next"}))[1]["feedback"] == "Done."
         assert evaluator.stats["timeout"] == 1 and evaluator.stats["calls"] == 2
     finally:
         evaluator.metric.close()
@@ -234,7 +263,8 @@ def test_a_dspy_example_gives_inputs_as_input_and_labels_as_expected():
 
     item = dspy.Example(question="Capital of France?", answer="Paris", note="geo").with_inputs("question")
     evaluator = skynet_dspy.make_evaluator(run, score)
-    assert evaluator("Answer: {question}", item) == (1.0, {"feedback": "checked"})
+    assert evaluator("Answer: {question}", item) == (
+        1.0, {"Inputs": {"question": "Capital of France?"}, "Generated Outputs": "Paris", "feedback": "checked"})
     assert seen["run"] == {"question": "Capital of France?"}
     assert evaluator.evaluate("Answer: {question}", item).extra["seen"] == {
         "input": {"question": "Capital of France?"}, "output": "Paris", "expected": {"answer": "Paris", "note": "geo"}
@@ -265,7 +295,7 @@ def test_run_can_come_from_a_run_py(tmp_path):
         "def run(artifact, input):\n    return f'{PREFIX} {artifact} {input[\"q\"]}'\n"
     )
     evaluator = skynet_dspy.make_evaluator(tmp_path / "run.py", lambda i, o: (1.0, {"feedback": o}))
-    assert evaluator("A", example({"q": "x"})) == (1.0, {"feedback": "run.py says A x"})
+    assert evaluator("A", example({"q": "x"}))[1]["feedback"] == "run.py says A x"
 
 
 def test_a_bad_run_is_a_clear_error(tmp_path):
@@ -335,7 +365,7 @@ def test_a_measure_function_when_present_supplies_the_observation(monkeypatch, m
     # REWARD_SPEC: accuracy 1, speed 2000/(2000+1000), cost 0.01/(0.01+0.01); weights 0.7/0.2/0.1.
     assert side_info["scores"] == pytest.approx({"accuracy": 1.0, "speed": 2 / 3, "cost": 0.5})
     assert value == pytest.approx(0.7 + 0.2 * 2 / 3 + 0.1 * 0.5)
-    assert set(side_info) == {"feedback", "scores"}
+    assert set(side_info) == {"Inputs", "Generated Outputs", "feedback", "scores"}
 
 
 def test_llm_in_the_metric_falls_back_to_the_reflection_model(server, metrics_dir):
@@ -343,7 +373,8 @@ def test_llm_in_the_metric_falls_back_to_the_reflection_model(server, metrics_di
     reflection = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": KEY}
     evaluator = skynet_dspy.make_evaluator(lambda a, i: a, metrics_dir / "judge.py", reflection_lm=reflection)
     assert evaluator("Paris", example({"question": "Capital of France?"})) == (
-        1.0, {"feedback": "PASS. The answer names the right city."})
+        1.0, {"Inputs": {"question": "Capital of France?"}, "Generated Outputs": "Paris",
+              "feedback": "PASS. The answer names the right city."})
     assert evaluator("Lyon", example({"question": "Capital of France?"}))[0] == 0.0
     assert len(server.requests) == 2 and "Capital of France?" in server.requests[0].user
 
@@ -404,7 +435,7 @@ def ticket_metric(input, output, expected=None):
     return float(right), {"feedback": feedback, "scores": {"exact": float(right)}, "code_seen": expected["code"]}
 
 
-def test_plain_gepa_improves_a_prompt_template_seeing_only_feedback(server):
+def test_plain_gepa_improves_a_prompt_template_seeing_inputs_outputs_and_feedback(server):
     words = ("amber", "basil", "cedar", "dune", "elm", "fig")
     tickets = [f"Ticket {word}: the order arrived damaged" for word in words]
     codes = {ticket: f"RC-{uuid.uuid4().hex[:12]}" for ticket in tickets}  # cannot occur by accident
@@ -454,11 +485,17 @@ def test_plain_gepa_improves_a_prompt_template_seeing_only_feedback(server):
     reflections = [request.text for request in server.requests if REFLECTION_MARK in request.text]
     assert reflections and f"must mention the phrase '{HINT}'" in reflections[0]  # the seed's feedback
     for text in reflections:
-        # Each example shows feedback and the named scores, as GEPA renders them, and no other key.
-        assert set(re.findall(r"^## (.+)$", text, re.M)) == {"feedback", "Scores (Higher is Better)"}
-        assert "### exact" in text
-        assert not any(code in text for code in codes.values())  # no expected value, even from code_seen
+        # Each example shows its input fields, what run() returned, the feedback and the named scores, as GEPA
+        # renders them (as DSPy GEPA's reflective dataset does), and no other key.
+        assert set(re.findall(r"^## (.+)$", text, re.M)) == {
+            "Inputs", "Generated Outputs", "feedback", "Scores (Higher is Better)"}
+        assert "### exact" in text and "### ticket" in text
+        assert any(ticket in text for ticket in tickets)  # the input run() was given
+        # no expected value, even from code_seen: a code shows only where the program itself returned it
+        unprompted = re.sub(r"^## Generated Outputs\n+RC-[0-9a-f]{12}$", "", text, flags=re.M)
+        assert not any(code in unprompted for code in codes.values())
         assert "code_seen" not in text and "ticket_metric" not in text
+    assert re.search(r"^## Generated Outputs\n+general$", reflections[0], re.M)  # what the seed's run() returned
     # GEPA's evaluation cache (on by default) spares the runs and metric calls of repeated evaluations:
     # every (template, ticket) reached the task model once, and was scored once.
     task_requests = [request for request in server.requests if REFLECTION_MARK not in request.text]
@@ -523,7 +560,8 @@ def test_observation_counts_the_model_calls_run_made_and_not_the_judges(server):
 
     reflection = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": KEY}
     evaluator = skynet_dspy.make_evaluator(run, score, reflection_lm=reflection)
-    assert evaluator("Say", example({"q": "hello"})) == (1.0, {"feedback": "PASS. Fine."})
+    assert evaluator("Say", example({"q": "hello"})) == (
+        1.0, {"Inputs": {"q": "hello"}, "Generated Outputs": "done", "feedback": "PASS. Fine."})
     measured = observed(evaluator.evaluate("Say", example({"q": "hello"})))  # run and measured again
     assert evaluator.stats["calls"] == 2
     assert measured.model_calls == 2 and measured.prompt_tokens > 0 and measured.completion_tokens > 0

@@ -197,6 +197,7 @@ def test_a_program_cap_refuses_run_and_scores_spend_cap(server):
     finally:
         evaluator.metric.close()
     assert [value for value, _ in scores] == [1.0, 1.0, 0.0, 0.0] and len(server.requests) == 2
-    assert scores[2][1] == {"feedback": "Not scored: a spending cap was reached, so no more model calls are made.",
+    assert scores[2][1] == {"Inputs": {"q": "q2"},  # run() was refused: no output to show
+                            "feedback": "Not scored: a spending cap was reached, so no more model calls are made.",
                             "_gepa_transient_failure": True}  # GEPA's cache does not keep it
     assert evaluator.stats["spend_cap"] == 2 and evaluator.metric.stop_callback(None) is True

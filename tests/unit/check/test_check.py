@@ -323,6 +323,22 @@ def test_a_slow_case_after_good_ones_is_named(tmp_path):
     assert len(report.cases) == 2
 
 
+def test_the_header_counts_every_case_a_timeout_left_unrun(tmp_path):
+    path = write(tmp_path, """
+        import time
+
+        def score(input, output, expected=None):
+            time.sleep(30)
+        """)
+    cases = [{"input": {"n": n}, "output": "x"} for n in range(6)]
+    report = check_contract(path, cases, max_cases=4, timeout=0.3)
+    assert len(report.cases) == 1 and report.stopped == 3 and report.not_run == 2
+    assert report.heading.endswith(
+        "on 1 case (3 cases not run after a call did not return in time; 2 more cases not run; "
+        "max_cases=None runs every case)")
+    assert report.to_dict()["cases_not_run"] == 5
+
+
 def test_the_default_timeout_is_60_seconds(metrics_dir):
     report = check_contract(metrics_dir / "exact_match.py", TICKETS)
     assert "within the 60 s timeout" in report.item("Metric timeout").message
@@ -337,28 +353,63 @@ INVERTED = """
     """
 
 
-def test_an_inverted_comparison_is_warned_about_with_dspy_examples(tmp_path):
+def test_an_inverted_comparison_fails_the_check_with_dspy_examples(tmp_path):
     report = check_contract(write(tmp_path, INVERTED), TICKETS)
     item = report.item("Perfect output scores highest")
-    assert item.status == WARNING
-    assert "a perfect output scores 0 (case 1, expected values as output), below the 1 of another output" in (
+    assert item.status == FAILED
+    assert "a perfect output scores 0 (case 1, expected values as output), no higher than the failure score 0" in (
         item.message)
-    assert report.ok  # a warning, not a failure
+    assert "inverted comparison" in item.message and "wrong field" in item.message
+    assert not report.ok
+    assert "A perfect output does not score highest" in report.verdict and "inverted comparison" in report.verdict
 
 
-def test_an_inverted_comparison_is_warned_about_with_plain_cases_with_outputs(tmp_path):
+def test_an_inverted_comparison_fails_with_plain_cases_with_outputs(tmp_path):
     cases = [{"input": {"ticket": "a"}, "output": "bug", "expected": {"label": "billing"}}]
     report = check_contract(write(tmp_path, INVERTED), cases)
     item = report.item("Perfect output scores highest")
-    assert item.status == WARNING and "(case 1, given output)" in item.message
+    assert item.status == FAILED and "(case 1, expected values as output)" in item.message
 
 
-def test_an_inverted_comparison_is_warned_about_with_plain_cases_without_outputs(tmp_path):
+def test_an_inverted_comparison_fails_with_plain_cases_without_outputs(tmp_path):
     cases = [{"input": {"ticket": "a"}, "expected": {"label": "billing"}},
              {"input": {"ticket": "b"}, "expected": {"label": "bug"}}]
     report = check_contract(write(tmp_path, INVERTED), cases)
-    assert report.item("Perfect output scores highest").status == WARNING
-    assert "case 2's expected values as output" in report.item("Perfect output scores highest").message
+    assert report.item("Perfect output scores highest").status == FAILED
+    assert not report.ok
+
+
+def test_a_perfect_output_below_a_different_output_fails_even_above_the_failure_score(tmp_path):
+    path = write(tmp_path, """
+        def score(input, output, expected=None):
+            return (0.9 if output != expected["label"] else 0.5), {"feedback": "x"}
+        """)
+    report = check_contract(path, TICKETS)
+    item = report.item("Perfect output scores highest")
+    assert item.status == FAILED and not report.ok
+    assert "a perfect output scores 0.5" in item.message and "below the 0.9 of an output that differs from it" in (
+        item.message)
+
+
+def test_a_metric_that_never_rewards_fails_even_when_every_output_scores_the_same(tmp_path):
+    report = check_contract(returning(tmp_path, '(0.0, {"feedback": "no"})'), TICKETS)
+    assert report.item("Perfect output scores highest").status == FAILED
+
+
+def test_a_metric_that_scores_every_output_the_same_is_warned_about(tmp_path):
+    report = check_contract(returning(tmp_path, '(0.7, {"feedback": "fine"})'), TICKETS)
+    item = report.item("Perfect output scores highest")
+    assert item.status == WARNING and report.ok
+    assert "every output tried, the perfect ones included, scores 0.7" in item.message
+
+
+def test_the_failure_score_is_the_floor_a_perfect_output_must_beat(tmp_path):
+    path = write(tmp_path, """
+        def score(input, output, expected=None):
+            return (-1.0 if output == expected["label"] else -5.0), {"feedback": "x"}
+        """)
+    assert check_contract(path, TICKETS, failure_score=-10.0).item("Perfect output scores highest").status == PASSED
+    assert check_contract(path, TICKETS, failure_score=-1.0).item("Perfect output scores highest").status == FAILED
 
 
 def test_cases_without_expected_values_skip_the_perfect_output_item(tmp_path):
@@ -397,7 +448,7 @@ def test_only_the_first_three_examples_are_used(metrics_dir):
     listed = check_contract(metrics_dir / "exact_match.py", list(cases()))
     assert listed.not_run == 97
     assert str(listed).splitlines()[0].endswith(
-        "on 3 cases (97 more cases not run; max_cases=None / --all runs every case)")
+        "on 3 cases (97 more cases not run; max_cases=None runs every case)")
 
     everything = check_contract(metrics_dir / "exact_match.py", cases(), max_cases=None)
     assert len(everything.cases) == 100 and everything.not_run == 0
@@ -566,8 +617,8 @@ def test_a_metric_that_scores_right_and_wrong_outputs_alike_is_warned_about(tmp_
     report = check_contract(returning(tmp_path, '(0.5, {"feedback": "fine"})'), TICKETS)
     item = report.item("Perfect output scores highest")
     assert item.status == WARNING and report.ok
+    assert "every output tried, the perfect ones included, scores 0.5" in item.message
     assert "score does not seem to tell a right output from a wrong one" in item.message
-    assert "(case 1: 0.5 vs 0.5)" in item.message
     assert "output_fields" not in item.message  # one label field: no shape hint
 
 

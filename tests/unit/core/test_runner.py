@@ -35,7 +35,7 @@ def test_run_happens_in_another_process_and_its_plain_output_reaches_the_metric(
         return input["x"] * 2 if os.getpid() != here else "ran in the user's process"
 
     with skynet_dspy.make_evaluator(run, score, run_isolation="process") as evaluator:
-        assert evaluator("any", EXAMPLE) == (1.0, {"feedback": "got 6"})
+        assert evaluator("any", EXAMPLE) == (1.0, {"Inputs": {"x": 3}, "Generated Outputs": 6, "feedback": "got 6"})
         pids = evaluator.workers.executor.worker_pids
         assert pids and here not in pids
     assert evaluator.workers.executor.worker_pids == []
@@ -48,7 +48,9 @@ def test_an_output_that_is_not_plain_data_arrives_as_its_repr():
             return "Answer(6)"
 
     with skynet_dspy.make_evaluator(lambda artifact, input: Answer(), score, run_isolation="process") as evaluator:
-        assert evaluator("any", EXAMPLE) == (0.0, {"feedback": "got 'Answer(6)'"})
+        assert evaluator("any", EXAMPLE) == (
+            0.0, {"Inputs": {"x": 3}, "Generated Outputs": "Answer(6)", "feedback": "got 'Answer(6)'"}
+        )
     evaluator.metric.close()
 
 
@@ -77,6 +79,6 @@ def test_a_hanging_run_costs_its_timeout_and_the_next_evaluation_scores():
     with skynet_dspy.make_evaluator(run, score, run_isolation="process", run_timeout=0.5) as evaluator:
         hung = evaluator.evaluate("hang", EXAMPLE)
         assert hung.failure is Failure.RUN_EXCEPTION and "did not return within 0.5 s" in hung.feedback
-        assert evaluator("fine", EXAMPLE) == (1.0, {"feedback": "got 6"})
+        assert evaluator("fine", EXAMPLE) == (1.0, {"Inputs": {"x": 3}, "Generated Outputs": 6, "feedback": "got 6"})
         assert evaluator.stats["run_exception"] == 1
     evaluator.metric.close()

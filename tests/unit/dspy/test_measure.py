@@ -394,7 +394,7 @@ def test_async_program_runs_are_measured(server, lm):
     assert (second.model_calls, second.prompt_tokens) == (1, PROMPT + 6)
 
 
-def test_cache_hits_make_no_call_and_cost_nothing(server, monkeypatch):
+def test_a_cache_hit_is_measured_as_the_call_it_replays(server, monkeypatch):
     from dspy.clients.cache import Cache
 
     monkeypatch.setattr(dspy, "cache", Cache(enable_disk_cache=False, enable_memory_cache=True, disk_cache_dir=None))
@@ -410,8 +410,13 @@ def test_cache_hits_make_no_call_and_cost_nothing(server, monkeypatch):
     _, first = _measure.measure(run)
     _, again = _measure.measure(run)
     assert len(server.requests) == 1
-    assert first.model_calls == 1 and first.cost_usd > 0
-    assert (again.model_calls, again.prompt_tokens, again.cost_usd) == (0, 0, 0.0)
+    assert first.model_calls == 1 and first.cost_usd > 0 and first.cached_calls == 0
+    # the hit made no request, and is measured with the tokens, cost and latency the call had when first made
+    assert (again.model_calls, again.cached_calls) == (1, 1)
+    assert (again.prompt_tokens, again.completion_tokens, again.cost_usd) == (
+        first.prompt_tokens, first.completion_tokens, first.cost_usd)
+    assert again.cached_cost_usd == first.cost_usd and again.cached_prompt_tokens == first.prompt_tokens
+    assert again.run_ms >= first.run_ms - first.run_ms / 2  # not "instant": the replayed latency counts
 
 
 def test_a_prediction_no_measured_run_returned_is_reported_unmeasured():
@@ -419,7 +424,7 @@ def test_a_prediction_no_measured_run_returned_is_reported_unmeasured():
     made_by_hand = dspy.Prediction(answer="x")
     obs, reason = _measure.observation_for(made_by_hand)
     assert obs is None
-    assert "no measured run of the program returned this prediction" in reason
+    assert "no measured program run returned this prediction" in reason
     assert _measure.observation_for(None) == (None, "the program returned no prediction")
 
 

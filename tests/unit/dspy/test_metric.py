@@ -21,6 +21,7 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy import Score
+from skynet_dspy.devserver import dspy_reply
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -738,3 +739,33 @@ def test_a_metric_file_gives_a_class_named_metric_and_a_csv_column_of_plain_numb
     assert [float(row["metric"]) for row in rows] == [1.0, 0.25, 1.0, 0.25]
     assert [row["metric"] for row in json.loads(json_path.read_text())] == [1.0, 0.25, 1.0, 0.25]
 
+
+
+# -- success_threshold (issue 24): the Skynet form of DSPy's `if trace is not None: return score >= 1.0` --------
+
+
+def _partial_credit(input, output, expected=None):
+    return (0.8 if input["question"] == "partial" else 1.0), {"feedback": "graded"}
+
+
+@pytest.mark.parametrize(("threshold", "bootstrapped"), [(None, {"partial", "perfect"}), (1.0, {"perfect"})])
+def test_success_threshold_keeps_a_partly_right_call_out_of_bootstrapfewshots_demos(server, lm, threshold,
+                                                                                    bootstrapped):
+    server.responder = lambda request: dspy_reply(answer="yes")
+    metric = skynet_dspy.load_metric(_partial_credit, isolation="thread", output_fields="answer",
+                                     success_threshold=threshold)
+    trainset = [dspy.Example(question=q, answer="yes").with_inputs("question") for q in ("partial", "perfect")]
+    optimizer = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=4, max_labeled_demos=0)
+    with metric, dspy.context(lm=lm):
+        compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
+        score = metric(trainset[0], dspy.Prediction(answer="yes"))
+    assert {demo.question for demo in compiled.predictors()[0].demos} == bootstrapped
+    assert float(score) == 0.8  # the number is unchanged; only what counts as a success is
+    assert bool(score) is (threshold is None)
+    assert bool(copy.deepcopy(score)) is bool(score) and bool(pickle.loads(pickle.dumps(score))) is bool(score)
+
+
+@pytest.mark.parametrize("bad", ["1.0", float("nan"), float("inf"), True])
+def test_success_threshold_must_be_a_finite_number(bad):
+    with pytest.raises(TypeError, match="success_threshold must be a finite number"):
+        skynet_dspy.load_metric(_partial_credit, isolation="thread", success_threshold=bad)

@@ -158,13 +158,14 @@ def test_gepa_takes_every_metric_option_and_every_gepa_option_by_name(tmp_path):
                      "metric_lm": "openai/judge", "judge_cache": False, "judge_cache_size": None,
                      "feedback_limit": 500, "memo_size": 10, "isolation": "thread", "workers": 1, "measure": False,
                      "worker_max_calls": None, "worker_max_memory": None, "sandbox": False, "sandbox_network": False,
-                     "judge_max_concurrency": 3, "judge_rpm": 90}
+                     "judge_max_concurrency": 3, "judge_rpm": 90, "success_threshold": 0.5}
     assert set(metric_values) | {"reflection_lm"} >= set(OPTIONS) - {"max_judge_cost_usd", "max_program_cost_usd"}
     optimizer = skynet_dspy.gepa(path, reflection_lm="openai/gpt-4o", max_metric_calls=10, num_threads=2,
                                  **{name: value for name, value in metric_values.items() if name in OPTIONS})
     metric = optimizer.skynet_metric
     assert (metric.timeout, metric.failure_score, metric.output_fields) == (7, -1.0, ["answer"])
     assert (metric.feedback_limit, metric.isolation, metric.measuring) == (500, "thread", False)
+    assert metric.success_threshold == 0.5
     assert metric.judge.metric_lm.model == "openai/judge" and metric.judge.reflection_lm.model == "openai/gpt-4o"
     assert (optimizer.max_metric_calls, optimizer.num_threads, optimizer.failure_score) == (10, 2, -1.0)
     for name in ("auto", "reflection_minibatch_size", "candidate_selection_strategy", "use_merge", "track_stats",

@@ -43,7 +43,9 @@ def test_gepa_compiles_a_program_with_the_reflection_model_judging(server, lm, m
     optimizer = skynet_dspy.gepa(metrics_dir / "judge.py", reflection_lm=reflection, max_metric_calls=12)
 
     assert isinstance(optimizer, dspy.GEPA)
-    assert optimizer.reflection_lm is reflection
+    # a copy of the model with its own history (so a receipt counts reflection calls even when one lm runs both)
+    assert optimizer.reflection_lm is not reflection and optimizer.reflection_lm.model == reflection.model
+    assert optimizer.reflection_lm.kwargs == reflection.kwargs
     metric = optimizer.skynet_metric
     assert isinstance(metric, skynet_dspy.Metric) and optimizer.metric_fn is metric
 
@@ -139,3 +141,20 @@ def test_gepa_needs_a_reflection_model(metrics_dir):
         skynet_dspy.gepa(metrics_dir / "judge.py", reflection_lm=None, max_metric_calls=10)
     with pytest.raises(TypeError, match="reflection_lm must be"):
         skynet_dspy.gepa(metrics_dir / "judge.py", reflection_lm=3.5, max_metric_calls=10)
+
+
+def test_gepa_without_a_budget_names_the_three_ways_to_give_one():
+    score = lambda input, output: (1.0, {"feedback": "ok"})  # noqa: E731
+    with pytest.raises(ValueError) as raised:
+        skynet_dspy.gepa(score, "openai/gpt-4o-mini", isolation="thread")
+    message = str(raised.value)
+    assert "needs a budget" in message
+    assert all(name in message for name in ("auto=", "max_metric_calls=", "max_full_evals="))
+    with pytest.raises(ValueError, match=r"got 2 budgets \(auto=, max_metric_calls=\); give exactly one"):
+        skynet_dspy.gepa(score, "openai/gpt-4o-mini", auto="light", max_metric_calls=5, isolation="thread")
+
+
+def test_gepa_takes_success_threshold_as_a_metric_option():
+    optimizer = skynet_dspy.gepa(lambda input, output: (0.5, {"feedback": "ok"}), "openai/gpt-4o-mini",
+                                 max_metric_calls=10, isolation="thread", success_threshold=0.9)
+    assert optimizer.skynet_metric.success_threshold == 0.9

@@ -1,0 +1,97 @@
+"""What a model call used when it was first made, kept by its cache key, so a cache hit is measured as that call.
+
+A program's measured cost and time must not depend on cache luck: a call DSPy (or LiteLLM) answers from its
+cache costs nothing and takes no time now, but it stands for the call it replays. Each call a measured run makes
+is remembered here under the key its cache uses; a hit is then counted with the first call's tokens, cost and
+latency. The figures live in a bounded map in memory and, when DSPy's disk cache is on, in a small store beside
+it (`<DSPy's cache folder>/skynet_dspy_call_figures`), so a hit on an answer cached by an earlier process
+replays the same figures. Hand-written: no library keeps figures beside another library's cache entries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .._core.lru import LRU
+
+MEMORY_ENTRIES = 65_536  # about 200 bytes each: ~13 MB at most
+DISK_SIZE_LIMIT = 64 * 1024 * 1024
+FOLDER = "skynet_dspy_call_figures"
+
+
+@dataclass(frozen=True, slots=True)
+class CallFigures:
+    """One model call as first made: provider calls, tokens, cost (None: unknown, `unpriced` says why), latency;
+    `first`: the first call to its model in its process (its latency held a connection's set-up)."""
+
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    unpriced: str | None
+    latency_ms: float
+    first: bool = False
+
+
+class Replay:
+    """CallFigures by cache key: in memory (bounded), and on disk beside DSPy's cache when a folder is given."""
+
+    def __init__(self, size: int = MEMORY_ENTRIES):
+        self._memory: LRU[str, CallFigures] = LRU(size)
+        self._lock = threading.Lock()
+        self._disks: dict[str, Any] = {}  # folder -> diskcache.Cache, or None when it could not be opened
+
+    def remember(self, key: str, figures: CallFigures, folder: str | None = None) -> None:
+        self._memory.put(key, figures)
+        disk = self._disk(folder)
+        if disk is not None:
+            try:
+                disk.set(key, json.dumps(asdict(figures)))  # text, never a pickle: the folder may be shared
+            except Exception as exc:  # a full or locked disk: memory still has it
+                logging.getLogger("skynet_dspy").debug("skynet-dspy: call figures not stored on disk: %s", exc)
+
+    def recall(self, key: str, folder: str | None = None) -> CallFigures | None:
+        found = self._memory.get(key)
+        if found is not None:
+            return found
+        disk = self._disk(folder)
+        if disk is None:
+            return None
+        try:
+            text = disk.get(key)
+            figures = CallFigures(**json.loads(text)) if isinstance(text, str) else None
+        except Exception:  # unreadable, or written by another version: not known
+            return None
+        if figures is not None:
+            self._memory.put(key, figures)
+        return figures
+
+    def _disk(self, folder: str | None) -> Any:
+        if folder is None:
+            return None
+        with self._lock:
+            if folder not in self._disks:
+                self._disks[folder] = _open(folder)
+            return self._disks[folder]
+
+    def forget(self) -> None:
+        """Forget what memory holds (the disk store stays); for tests and long sessions."""
+        self._memory = LRU(self._memory.size)
+
+
+def _open(folder: str) -> Any:
+    try:
+        import diskcache
+
+        return diskcache.Cache(str(Path(folder) / FOLDER), size_limit=DISK_SIZE_LIMIT, timeout=0.1)
+    except Exception as exc:  # an unwritable folder: figures are kept in memory only
+        logging.getLogger("skynet_dspy").debug("skynet-dspy: no call figures store in %s: %s", folder, exc)
+        return None
+
+
+replay = Replay()

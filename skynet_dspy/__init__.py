@@ -72,12 +72,25 @@ _LAZY = {
 }
 
 
+def _publish(value: _Any) -> None:
+    """Give a public class or function the public module as its home, as httpx does: reprs, tracebacks and the
+    API reference then say `skynet_dspy.MetricLoadError`, not `skynet_dspy._core.errors.MetricLoadError`.
+    Pickling still finds it: `skynet_dspy.<name>` is the same object."""
+    if isinstance(value, type) or callable(value) and hasattr(value, "__code__"):
+        value.__module__ = __name__
+
+
 def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
+    # every lazy name whose module is loaded by now gets its public home, not only the one asked for
+    for other, home in _LAZY.items():
+        loaded = _sys.modules.get(__name__ + home)
+        if loaded is not None and other in vars(loaded):
+            _publish(vars(loaded)[other])
     return value
 
 
@@ -124,3 +137,8 @@ __all__ = [
     "validate_return",
 ]
 __version__ = "0.2.0"
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _publish(globals()[_name])
+del _name

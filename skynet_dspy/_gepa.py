@@ -326,7 +326,7 @@ class _LiteLLMReflectionLM(record.CountingLM):
 
     def __init__(self, model: str, **kwargs: Any):
         super().__init__(model, **kwargs)
-        self.completion_kwargs = secrets.RedactedDict(self.completion_kwargs)
+        self.completion_kwargs: dict[str, Any] = secrets.RedactedDict(self.completion_kwargs)
 
     def __repr__(self) -> str:
         return secrets.redact(f"<reflection model {self.model!r}>")

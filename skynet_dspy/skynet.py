@@ -46,7 +46,7 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
         raise
 
 
-def reward(spec: dict, accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
+def reward(spec: dict[str, Any], accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
     """Combine `accuracy` with the measured speed and cost of this example's run (SPEC §5).
 
     Returns a valid metric return value: (total, {"feedback": ..., "scores": {accuracy, speed, cost}}).

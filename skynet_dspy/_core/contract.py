@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -102,6 +103,7 @@ def finish_feedback(result: Result, feedback_limit: int) -> Result:
 def _check(value: Any, feedback_limit: int) -> Result:
     # Reads go through the base classes' own methods (tuple.__len__, dict.__getitem__, str.__str__...), so
     # subclasses that override them cannot change what is checked.
+    item: Callable[[Any, int], Any]
     if isinstance(value, tuple):
         size, item = tuple.__len__(value), tuple.__getitem__
     elif isinstance(value, list):

@@ -112,7 +112,7 @@ class Outcome:
     judge_detail: str | None = None
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return secrets.redact(f"Outcome({fields})")
 
 

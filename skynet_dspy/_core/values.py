@@ -32,7 +32,7 @@ def as_number(value: Any) -> float | None:
                 return float(value)
             except OverflowError:
                 if isinstance(value, numbers.Integral):
-                    return math.inf if value > 0 else -math.inf
+                    return math.inf if int(value) > 0 else -math.inf
                 return None
         dtype = getattr(value, "dtype", None)  # NumPy bool_ and 0-d arrays are not registered as numbers.Real
         if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and dtype is not None:

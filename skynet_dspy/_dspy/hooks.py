@@ -147,7 +147,7 @@ class _LiteLLMImportHook:
             return None
         finally:
             self._busy.on = False
-        loader = getattr(spec, "loader", None)
+        loader: Any = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return None

@@ -528,5 +528,6 @@ def load_metric(source: Any, **options: Any) -> Metric:
         if name not in OPTIONS:
             raise unknown_option("load_metric()", name, OPTIONS)
     name = metric_class_name(source)
-    named = type(name, (Metric,), {"__module__": Metric.__module__, "__qualname__": name, "__doc__": Metric.__doc__})
+    # the public module, as for every public class (skynet_dspy/__init__.py): reprs and tracebacks name skynet_dspy
+    named = type(name, (Metric,), {"__module__": "skynet_dspy", "__qualname__": name, "__doc__": Metric.__doc__})
     return named(source, **options)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from typing import Any as _Any
 
 # LiteLLM fetches its price list from the internet at import and retries for seconds when offline; the
-# bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (see the README):
+# bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (docs/getting-started.md):
 # set LITELLM_LOCAL_MODEL_COST_MAP=False before importing skynet_dspy to keep LiteLLM's download.
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -1,8 +1,8 @@
 """Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input).
 
 The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
-`output`, and gives GEPA `(score, side_info)` where side_info holds only what SPEC §4 lets the
-reflection model see: the feedback text and the named "scores" (GEPA's objective frontier).
+`output`, and gives GEPA `(score, side_info)` where side_info holds only what the reflection model may see
+(docs/contract.md#what-the-optimizer-sees): the feedback text and the named "scores" (GEPA's objective frontier).
 """
 
 from __future__ import annotations

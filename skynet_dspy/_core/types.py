@@ -15,7 +15,7 @@ class Failure(StrEnum):
 
     EXCEPTION = "exception"  # score() raised
     TIMEOUT = "timeout"  # score() ran past its timeout
-    INVALID = "invalid"  # the return value broke the contract (SPEC §2)
+    INVALID = "invalid"  # the return value broke the contract (docs/contract.md#return-value)
     MISSING_FIELD = "missing_field"  # the prediction lacks an output field the user named
     CRASHED = "crashed"  # the metric's worker process died (exit, signal, crash) or forked
     OVERLOADED = "overloaded"  # thread isolation only: too many earlier calls still stuck

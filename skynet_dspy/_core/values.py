@@ -19,7 +19,9 @@ from . import secrets
 
 
 def as_number(value: Any) -> float | None:
-    """`value` as a float when it is a real number per SPEC §2 (int, float, bool, NumPy real), else None.
+    """`value` as a float when it is a real number (int, float, bool, NumPy real), else None.
+
+    What counts as a number: docs/contract.md#return-value.
 
     An integer too large for a float becomes ±inf, so it is rejected as infinite rather than as "not a
     number". Never raises, whatever the object's methods do.

@@ -1,4 +1,6 @@
-"""The metric object DSPy calls: one adapter for Evaluate, BootstrapFewShot, MIPROv2 and GEPA (SPEC §4).
+"""The metric object DSPy calls: one adapter for Evaluate, BootstrapFewShot, MIPROv2 and GEPA.
+
+What each optimizer gets: docs/contract.md#what-the-optimizer-sees.
 
 A call goes: the memo (GEPA asks twice for the same example and prediction) → translate.py (the
 Example and Prediction become plain values) → the Scorer (the metric's worker process, validation,

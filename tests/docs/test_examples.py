@@ -11,6 +11,7 @@ Fences are read with markdown-it, the parser pytest-markdown-docs uses, so both 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -99,3 +100,22 @@ def test_a_command_runs_without_warnings(fence: Fence, command: str, model_url: 
     assert done.returncode == 0, said
     assert "warning" not in done.stderr.lower(), said
     assert "[warn]" not in done.stdout and "warning(s)" not in done.stdout, said
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading anchors MkDocs gives `page` (its toc extension's slugs)."""
+    from markdown.extensions.toc import slugify
+
+    return {slugify(token.content, "-") for tokens in [MarkdownIt("commonmark").parse(page.read_text("utf-8"))]
+            for before, token in zip(tokens, tokens[1:], strict=False) if before.type == "heading_open"}
+
+
+def test_every_page_the_code_cites_exists_with_its_anchor():
+    # Docstrings and comments cite the documentation as docs/<page>.md#<anchor> (the metric contract above all).
+    cited = set()
+    for source in [*(ROOT / "skynet_dspy").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        cited.update(re.findall(r"docs/([\w./-]+\.md)(?:#([\w-]+))?", source.read_text(encoding="utf-8")))
+    assert ("contract.md", "return-value") in cited
+    broken = [f"docs/{page}#{anchor}" for page, anchor in sorted(cited)
+              if not (ROOT / "docs" / page).is_file() or (anchor and anchor not in _anchors(ROOT / "docs" / page))]
+    assert broken == []

@@ -19,6 +19,7 @@ from dspy.primitives.example import Example
 from ._core import loading, secrets
 from ._core.errors import SpendCapReached
 from ._core.logs import logger as logger
+from ._core.specs import MetricSource
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
 from ._dspy import hooks, measure, record, translate
@@ -295,7 +296,7 @@ def _side_info(result: Result) -> tuple[float, dict[str, Any]]:
 
 def make_evaluator(
     run: Callable[[Any, Any], Any] | str | Path,
-    metric: Any,
+    metric: MetricSource,
     *,
     metric_lm: Any = None,
     reflection_lm: Any = None,
@@ -380,7 +381,7 @@ def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
 def optimize_anything(
     seed: str | dict[str, str],
     run: Callable[[Any, Any], Any] | str | Path,
-    metric: Any,
+    metric: MetricSource,
     trainset: Sequence[Any],
     valset: Sequence[Any] | None = None,
     *,

@@ -26,6 +26,7 @@ from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
 from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.scorer import Scorer
+from .._core.specs import MetricSource
 from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
 from .._core.values import exception_text, identifier, unknown_option, whole_number
 from .._judge import Judge
@@ -239,7 +240,7 @@ class Metric:
 
     def __init__(
         self,
-        source: Any,
+        source: MetricSource,
         *,
         timeout: float = DEFAULT_TIMEOUT,
         failure_score: float = 0.0,
@@ -511,7 +512,7 @@ def reject_options_for_loaded(where: str, metric: Metric, options: Mapping[str, 
         )
 
 
-def load_metric(source: Any, **options: Any) -> Metric:
+def load_metric(source: MetricSource, **options: Any) -> Metric:
     """Load a Skynet metric and wrap it for DSPy and GEPA.
 
     `source` is a path to metric.py, an imported module, or a `score` callable. Options: timeout (s,

@@ -3,7 +3,7 @@
 The ```python blocks themselves run as tests of their own (conftest.py at the repository root). Here:
 - every ```python notest block (a real provider, a real cluster) is compiled, so its syntax holds;
 - every `skynet-dspy ...` command of a ```bash / ```sh / ```shell / ```console block runs as written, from the
-  repository root (a temporary folder where examples/ is linked), against the scripted model server: it must
+  repository root (a temporary folder where the root's files are linked), against the scripted model server: it must
   exit 0 and print no warning. A synopsis with placeholders belongs in a ```text block.
 Fences are read with markdown-it, the parser pytest-markdown-docs uses, so both see the same blocks.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from markdown_examples import like_the_root
 from markdown_it import MarkdownIt
 
 from skynet_dspy.devserver import scripted_server
@@ -89,7 +90,7 @@ def model_url():
 
 @pytest.mark.parametrize(("fence", "command"), COMMANDS, ids=[f"{fence.where} {c[:60]}" for fence, c in COMMANDS])
 def test_a_command_runs_without_warnings(fence: Fence, command: str, model_url: str, tmp_path: Path):
-    (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    like_the_root(tmp_path)
     words = shlex.split(command, comments=True)
     script = Path(sys.executable).with_name("skynet-dspy")
     program = [str(script)] if script.exists() else [sys.executable, "-m", "skynet_dspy"]

@@ -120,3 +120,14 @@ def test_every_page_the_code_cites_exists_with_its_anchor():
     broken = [f"docs/{page}#{anchor}" for page, anchor in sorted(cited)
               if not (ROOT / "docs" / page).is_file() or (anchor and anchor not in _anchors(ROOT / "docs" / page))]
     assert broken == []
+
+
+def test_the_readme_fits_on_a_few_screens_and_its_links_into_the_site_resolve():
+    # mkdocs build --strict checks the links inside docs/; the README is outside it, read on GitHub.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    links = re.findall(r"\]\((docs/[^)#\s]+\.md)(?:#([\w-]+))?\)", readme)
+    assert len({page for page, _ in links}) >= 12  # every page of the site is linked from the README
+    broken = [f"{page}#{anchor}" for page, anchor in links
+              if not (ROOT / page).is_file() or (anchor and anchor not in _anchors(ROOT / page))]
+    assert broken == []

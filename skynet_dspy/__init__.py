@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from typing import Any as _Any
 
 # LiteLLM fetches its price list from the internet at import and retries for seconds when offline; the
-# bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (see the README):
+# bundled copy is what measurement prices with anyway. A process-wide LiteLLM setting (docs/getting-started.md):
 # set LITELLM_LOCAL_MODEL_COST_MAP=False before importing skynet_dspy to keep LiteLLM's download.
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -74,12 +74,25 @@ _LAZY = {
 }
 
 
+def _publish(value: _Any) -> None:
+    """Give a public class or function the public module as its home, as httpx does: reprs, tracebacks and the
+    API reference then say `skynet_dspy.MetricLoadError`, not `skynet_dspy._core.errors.MetricLoadError`.
+    Pickling still finds it: `skynet_dspy.<name>` is the same object."""
+    if isinstance(value, type) or callable(value) and hasattr(value, "__code__"):
+        value.__module__ = __name__
+
+
 def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'skynet_dspy' has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
+    # every lazy name whose module is loaded by now gets its public home, not only the one asked for
+    for other, home in _LAZY.items():
+        loaded = _sys.modules.get(__name__ + home)
+        if loaded is not None and other in vars(loaded):
+            _publish(vars(loaded)[other])
     return value
 
 
@@ -127,3 +140,8 @@ __all__ = [
     "validate_return",
 ]
 __version__ = "0.2.0"
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _publish(globals()[_name])
+del _name

@@ -1,9 +1,9 @@
 """Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input).
 
 The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
-`output`, and gives GEPA `(score, side_info)` where side_info holds only what SPEC §4 lets the
-reflection model see: the example's input fields, what run() returned, the feedback text and the named
-"scores" (GEPA's objective frontier), as DSPy GEPA's reflective dataset does; never expected values.
+`output`, and gives GEPA `(score, side_info)` where side_info holds only what the reflection model may see
+(docs/contract.md#what-the-optimizer-sees): the example's input fields, what run() returned, the feedback text
+and the named "scores" (GEPA's objective frontier), as DSPy GEPA's reflective dataset does; never expected values.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ._core.errors import SpendCapReached
 from ._core.isolation.runner import RunWorkers
 from ._core.isolation.sandbox import folders_of
 from ._core.logs import logger as logger
+from ._core.specs import MetricSource
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
 from ._dspy import hooks, measure, record, translate
@@ -362,7 +363,7 @@ def _side_info(
 
 def make_evaluator(
     run: Callable[[Any, Any], Any] | str | Path,
-    metric: Any,
+    metric: MetricSource,
     *,
     metric_lm: Any = None,
     reflection_lm: Any = None,
@@ -424,7 +425,7 @@ class _LiteLLMReflectionLM(record.CountingLM):
 
     def __init__(self, model: str, **kwargs: Any):
         super().__init__(model, **kwargs)
-        self.completion_kwargs = secrets.RedactedDict(self.completion_kwargs)
+        self.completion_kwargs: dict[str, Any] = secrets.RedactedDict(self.completion_kwargs)
 
     def __repr__(self) -> str:
         return secrets.redact(f"<reflection model {self.model!r}>")
@@ -478,7 +479,7 @@ def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
 def optimize_anything(
     seed: str | dict[str, str],
     run: Callable[[Any, Any], Any] | str | Path,
-    metric: Any,
+    metric: MetricSource,
     trainset: Sequence[Any],
     valset: Sequence[Any] | None = None,
     *,

@@ -46,8 +46,8 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
         raise
 
 
-def reward(spec: dict, accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
-    """Combine `accuracy` with the measured speed and cost of this example's run (SPEC §5).
+def reward(spec: dict[str, Any], accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:
+    """Combine `accuracy` with the measured speed and cost of this example's run (docs/contract.md#helpers).
 
     Returns a valid metric return value: (total, {"feedback": ..., "scores": {accuracy, speed, cost}}).
     """

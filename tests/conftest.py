@@ -15,6 +15,8 @@ from skynet_dspy._core import context  # noqa: E402
 from skynet_dspy._judge import judge  # noqa: E402
 from skynet_dspy.devserver import DevServer  # noqa: E402
 
+pytest_plugins = ["markdown_examples"]  # README.md's and docs/'s ```python blocks run as tests
+
 METRICS = Path(__file__).parent / "metrics"
 ROOT = Path(__file__).resolve().parents[1]
 

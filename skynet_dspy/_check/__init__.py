@@ -1,4 +1,4 @@
-"""The contract check: run a metric on a few cases and say, item by item, what is wrong (SPEC §7).
+"""The contract check: run a metric on a few cases and say, item by item, what is wrong (docs/contract.md#names).
 
 cases.py reads the cases, items.py judges each item from the calls made, report.py writes the report.
 Problems with the metric are reported, never raised; only bad arguments raise.

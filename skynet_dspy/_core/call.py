@@ -114,7 +114,7 @@ def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call
 
 def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | None:
     """The exception's class name when it names code, not values, else None: the name reaches the optimizer
-    (SPEC §2), and a class made or renamed at run time may be named from the metric's values.
+    (docs/contract.md#return-value), and a class made or renamed at run time may be named from the metric's values.
 
     A builtin is shown; so is a library's class found under its name in the module it says it comes from.
     A class of the metric's own (its file, its folder, defined inside score, sent from a script) is shown

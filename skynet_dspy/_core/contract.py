@@ -1,4 +1,4 @@
-"""The metric contract of SPEC §2: what `score` must return, and the plain Result it becomes.
+"""The metric contract of docs/contract.md#return-value: what `score` must return, and the plain Result it becomes.
 
 A broken rule is a ContractViolation whose `rule` is a fixed sentence (safe to show an optimizer: it
 holds nothing the metric chose) and whose message adds the offending value, for the user.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -66,7 +67,9 @@ def _not_a_pair(value: Any) -> ContractViolation:
 
 
 def check_return(value: Any, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Result:
-    """Check one return value of `score` against SPEC §2 and turn it into a Result of plain values.
+    """Check one return value of `score` against the contract and turn it into a Result of plain values.
+
+    The rules: docs/contract.md#return-value.
 
     Raises ContractViolation naming the broken rule, and nothing else: a value whose own methods raise is
     a violation too. Feedback longer than `feedback_limit` is cut with a note. No redaction here: the
@@ -83,7 +86,9 @@ def check_return(value: Any, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Re
 
 
 def validate_return(value: Any, *, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Result:
-    """Check a return value of `score` against the contract (SPEC §2) and give the Result it makes.
+    """Check a return value of `score` against the contract and give the Result it makes.
+
+    The rules: docs/contract.md#return-value.
 
     Raises ContractViolation (a ValueError) naming the broken rule. The feedback is redacted and cut
     to `feedback_limit` characters with a note saying so.
@@ -102,6 +107,7 @@ def finish_feedback(result: Result, feedback_limit: int) -> Result:
 def _check(value: Any, feedback_limit: int) -> Result:
     # Reads go through the base classes' own methods (tuple.__len__, dict.__getitem__, str.__str__...), so
     # subclasses that override them cannot change what is checked.
+    item: Callable[[Any, int], Any]
     if isinstance(value, tuple):
         size, item = tuple.__len__(value), tuple.__getitem__
     elif isinstance(value, list):

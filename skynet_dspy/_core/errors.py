@@ -51,7 +51,7 @@ class RewardSpecError(SkynetDspyError, ValueError):
 
 
 class ContractViolation(SkynetDspyError, ValueError):
-    """A metric's return value broke a rule of SPEC §2.
+    """A metric's return value broke a rule of docs/contract.md#return-value.
 
     `rule` names the rule in words that hold nothing the metric chose (it may reach an optimizer as
     feedback, and the value may hold expected values); the message adds the value, shortened.

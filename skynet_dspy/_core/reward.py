@@ -1,4 +1,4 @@
-"""reward(): accuracy combined with measured speed and cost, by the formulas SPEC §5 pins."""
+"""reward(): accuracy combined with measured speed and cost, by the formulas docs/contract.md#reward pins."""
 
 from __future__ import annotations
 

@@ -35,7 +35,10 @@ _SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, 
 
 
 def neutral_feedback(outcome: Outcome, timeout: float) -> str:
-    """The feedback of a failed call: what failed, in words built from nothing the metric chose (SPEC §2)."""
+    """The feedback of a failed call: what failed, in words built from nothing the metric chose.
+
+    See docs/contract.md#a-failed-call.
+    """
     kind = outcome.failure
     if kind is Failure.EXCEPTION:
         return f"Not scored: the metric raised {outcome.error_type or 'an exception'} while scoring this output."
@@ -181,7 +184,8 @@ class Scorer:
         kind = outcome.failure or Failure.EXCEPTION
         detail = secrets.redact(outcome.detail or kind.value)
         text = secrets.redact(feedback if feedback is not None else neutral_feedback(outcome, self.timeout))
-        text = cut_feedback(text, self.feedback_limit)  # the feedback cap holds for failures too (SPEC §2)
+        # the feedback cap holds for failures too (docs/contract.md#return-value)
+        text = cut_feedback(text, self.feedback_limit)
         with self._lock:
             self._counts[kind] += 1
             in_streak = kind is not Failure.SPEND_CAP  # a spending cap reached is no fault of the metric

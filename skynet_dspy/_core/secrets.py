@@ -124,7 +124,7 @@ def _env_changed() -> bool:
     return any(get(name) != value for name, value in zip(_env_names, _env_values, strict=True))
 
 
-def _pattern() -> re.Pattern[str] | None:
+def _pattern() -> re.Pattern[str]:
     global _literal, _env_names, _env_values, _env_size
     if _literal is not None and not _env_changed():
         return _literal
@@ -195,7 +195,7 @@ def credential_free_environment(environ: dict[str, str] | None = None) -> dict[s
     }
 
 
-class RedactedDict(dict):  # type: ignore[type-arg]
+class RedactedDict(dict):
     """A dict whose repr and str mask credentials: for settings the package hands on (a model's kwargs)."""
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ class Failure(StrEnum):
 
     EXCEPTION = "exception"  # score() raised
     TIMEOUT = "timeout"  # score() ran past its timeout
-    INVALID = "invalid"  # the return value broke the contract (SPEC §2)
+    INVALID = "invalid"  # the return value broke the contract (docs/contract.md#return-value)
     MISSING_FIELD = "missing_field"  # the prediction lacks an output field the user named
     CRASHED = "crashed"  # the metric's worker process died (exit, signal, crash) or forked
     LOAD = "load"  # no worker process could load the metric any more (a setup problem, not the output's fault)
@@ -114,7 +114,7 @@ class Outcome:
     judge_detail: str | None = None
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return secrets.redact(f"Outcome({fields})")
 
 

@@ -19,7 +19,9 @@ from . import secrets
 
 
 def as_number(value: Any) -> float | None:
-    """`value` as a float when it is a real number per SPEC §2 (int, float, bool, NumPy real), else None.
+    """`value` as a float when it is a real number (int, float, bool, NumPy real), else None.
+
+    What counts as a number: docs/contract.md#return-value.
 
     An integer too large for a float becomes ±inf, so it is rejected as infinite rather than as "not a
     number". Never raises, whatever the object's methods do.
@@ -32,7 +34,7 @@ def as_number(value: Any) -> float | None:
                 return float(value)
             except OverflowError:
                 if isinstance(value, numbers.Integral):
-                    return math.inf if value > 0 else -math.inf
+                    return math.inf if int(value) > 0 else -math.inf
                 return None
         dtype = getattr(value, "dtype", None)  # NumPy bool_ and 0-d arrays are not registered as numbers.Real
         if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and dtype is not None:

@@ -79,7 +79,7 @@ def wrap_overridden_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..
                 wrap_class(cls)
 
             init_subclass._skynet_wrapped = True  # type: ignore[attr-defined]
-            dspy.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+            dspy.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[arg-type]
         seen: set[type] = set()
         stack = list(dspy.Module.__subclasses__())
         while stack:
@@ -111,7 +111,7 @@ def wrap_evaluate_programs(measured: Callable[[Any], Any]) -> None:
         return original(self, *args, **kwargs)
 
     evaluate._skynet_wrapped = True  # type: ignore[attr-defined]
-    dspy.Evaluate.__call__ = evaluate  # type: ignore[method-assign]
+    dspy.Evaluate.__call__ = evaluate
 
 
 def module_calls_wrapped() -> bool:
@@ -285,7 +285,7 @@ class _LiteLLMImportHook:
             return None
         finally:
             self._busy.on = False
-        loader = getattr(spec, "loader", None)
+        loader: Any = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return None

@@ -1,4 +1,4 @@
-"""Measurement of the program's own run on each example: wall time and model usage (SPEC §5).
+"""Measurement of the program's own run on each example: wall time and model usage (docs/contract.md#helpers).
 
 Installed only for a metric that uses reward(), observation() or service_cost(): a wrapper around
 dspy.Module's call times each run's outermost module call, hooks on DSPy's LM execution and LiteLLM's

@@ -1,4 +1,6 @@
-"""The metric object DSPy calls: one adapter for Evaluate, BootstrapFewShot, MIPROv2 and GEPA (SPEC §4).
+"""The metric object DSPy calls: one adapter for Evaluate, BootstrapFewShot, MIPROv2 and GEPA.
+
+What each optimizer gets: docs/contract.md#what-the-optimizer-sees.
 
 A call goes: the memo (GEPA asks twice for the same example and prediction) → translate.py (the
 Example and Prediction become plain values) → the Scorer (the metric's worker process, validation,
@@ -25,6 +27,7 @@ from .._core.isolation.ray_cluster import RayCluster
 from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.scorer import Scorer
+from .._core.specs import MetricSource
 from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
 from .._core.values import exception_text, identifier, unknown_option, whole_number
 from .._judge import Judge
@@ -250,7 +253,7 @@ class Metric:
 
     def __init__(
         self,
-        source: Any,
+        source: MetricSource,
         *,
         timeout: float = DEFAULT_TIMEOUT,
         failure_score: float = 0.0,
@@ -552,7 +555,7 @@ def reject_options_for_loaded(where: str, metric: Metric, options: Mapping[str, 
         )
 
 
-def load_metric(source: Any, **options: Any) -> Metric:
+def load_metric(source: MetricSource, **options: Any) -> Metric:
     """Load a Skynet metric and wrap it for DSPy and GEPA.
 
     `source` is a path to metric.py, an imported module, or a `score` callable. Options: timeout (s,
@@ -579,5 +582,6 @@ def load_metric(source: Any, **options: Any) -> Metric:
         if name not in OPTIONS:
             raise unknown_option("load_metric()", name, OPTIONS)
     name = metric_class_name(source)
-    named = type(name, (Metric,), {"__module__": Metric.__module__, "__qualname__": name, "__doc__": Metric.__doc__})
+    # the public module, as for every public class (skynet_dspy/__init__.py): reprs and tracebacks name skynet_dspy
+    named = type(name, (Metric,), {"__module__": "skynet_dspy", "__qualname__": name, "__doc__": Metric.__doc__})
     return named(source, **options)

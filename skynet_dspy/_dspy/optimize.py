@@ -14,6 +14,7 @@ from typing import Any
 import dspy
 
 from .._core import secrets
+from .._core.specs import MetricSource
 from .._core.values import unknown_option
 from .._judge import endpoint
 from .budget import check_budget
@@ -46,7 +47,7 @@ class SkynetGEPA(dspy.GEPA):
 
 
 def gepa(
-    metric: Any,
+    metric: MetricSource,
     reflection_lm: Any,
     metric_lm: Any = None,
     metric_options: Mapping[str, Any] | None = None,

@@ -233,11 +233,11 @@ def _without_program(reflection: ReflectionUsage, program: ProgramUsage | None) 
     if reflection.calls is None:
         return reflection
     if program is None:
-        cost = usd(reflection.cost_usd) if reflection.cost_usd is not None else "an unknown cost"
+        spent = usd(reflection.cost_usd) if reflection.cost_usd is not None else "an unknown cost"
         return ReflectionUsage(
             None, reflection.cache_hits, None, None, None,
             f"the reflection model is also the program's model and the program's runs were not measured, so their "
-            f"calls cannot be told apart: {reflection.calls} calls and {cost} together "
+            f"calls cannot be told apart: {reflection.calls} calls and {spent} together "
             "(load_metric(..., measure=True) measures the program)",
         )
     cost = None

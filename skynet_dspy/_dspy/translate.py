@@ -1,4 +1,6 @@
-"""DSPy ↔ Skynet values (SPEC §3): dspy.Example / dspy.Prediction → plain input, output, expected.
+"""DSPy ↔ Skynet values: dspy.Example / dspy.Prediction → plain input, output, expected.
+
+The rules: docs/contract.md#what-the-metric-sees.
 
 Everything handed to a metric is detached: plain dicts, lists and copies, so nothing the metric
 does to its arguments reaches the dataset or the prediction, and no dspy.Example or
@@ -86,7 +88,7 @@ def output_columns(prediction: Any, columns: Sequence[str]) -> dict[str, Any]:
 
 
 def collapse(columns: dict[str, Any]) -> Any:
-    """One column → its bare value; several → a dict of them (SPEC §3)."""
+    """One column → its bare value; several → a dict of them (docs/contract.md#what-the-metric-sees)."""
     if len(columns) == 1:
         return next(iter(columns.values()))
     return columns
@@ -102,7 +104,7 @@ def prediction_output(
     columns: Sequence[str] | None = None,
     to_output: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """`output`: what the metric sees for what the program returned (see SPEC §3).
+    """`output`: what the metric sees for what the program returned (see docs/contract.md#what-the-metric-sees).
 
     A dspy.Prediction (or Example, or mapping) gives its output columns; anything else the program
     returned (a str, a list, a Pydantic object) is the output as it is.

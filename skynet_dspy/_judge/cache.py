@@ -93,7 +93,7 @@ def safe_disk(diskcache: Any) -> Any:
     if _safe_disk is not None:
         return _safe_disk
 
-    class SafeDisk(diskcache.Disk):  # type: ignore[misc,name-defined]
+    class SafeDisk(diskcache.Disk):
         def put(self, key: Any) -> Any:
             if not isinstance(key, str):
                 raise TypeError("the judge cache keeps str keys only")

@@ -1,4 +1,6 @@
-"""The judge behind llm(): the metric model, falling back to the reflection model, through LiteLLM (SPEC §5).
+"""The judge behind llm(): the metric model, falling back to the reflection model, through LiteLLM.
+
+The rules: docs/contract.md#llm.
 
 A Judge holds where a metric's llm() calls go, retries transient failures (retry.py), pays for an
 identical request once (cache.py, with concurrent identical requests sent once), keeps to its limits

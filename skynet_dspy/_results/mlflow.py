@@ -45,7 +45,7 @@ def log_to_mlflow(
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id must be an MLflow run id (a str), got {type(run_id).__name__}")
     active = mlflow.active_run()
-    started = None
+    started: Any = None
     if run_id is None and active is None:
         started = mlflow.start_run(run_name="skynet-dspy")
     target = run_id or (active or started).info.run_id

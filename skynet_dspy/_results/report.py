@@ -68,7 +68,7 @@ class OptimizationReport:
         seed, best = self.seed, self.best_candidate
         if seed is None or best is None:
             return ""
-        chunks = []
+        chunks: list[str] = []
         for name in dict.fromkeys([*seed.texts, *best.texts]):
             before, after = seed.texts.get(name, ""), best.texts.get(name, "")
             if before == after:

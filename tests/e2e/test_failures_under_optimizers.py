@@ -80,7 +80,7 @@ def test_skynet_gepa_gives_one_failure_score_to_the_metric_and_to_gepa(lm, tmp_p
 
 
 def test_dspy_gepa_built_by_hand_records_the_metrics_failure_score(lm, tmp_path):
-    """The README's rule: give dspy.GEPA the metric's failure_score; GEPA records what the metric returns."""
+    """docs/dspy.md's rule: give dspy.GEPA the metric's failure_score: GEPA records what it returns."""
     path = write_metric(tmp_path, ALWAYS_FAILS)
     matched = skynet_dspy.load_metric(path, failure_score=-5)
     assert _val_scores(dspy.GEPA(metric=matched, reflection_lm=lm, failure_score=-5, max_metric_calls=12,

@@ -1,4 +1,6 @@
-"""Proof that only feedback reaches the reflection model (SPEC §4), over a whole DSPy GEPA run.
+"""Proof that only feedback reaches the reflection model, over a whole DSPy GEPA run.
+
+The promise: docs/contract.md#what-the-optimizer-sees.
 
 The bundled example runs under GEPA against the scripted server, which records every request. The
 metric returns, besides its feedback, extra side-information keys holding unique markers and a

@@ -1,4 +1,4 @@
-"""A metric that loops, hangs, crashes, exits, forks or tampers never stalls or kills the run (SPEC §6).
+"""A metric that loops, hangs, crashes, exits, forks or tampers never stalls or kills the run (docs/contract.md#limits).
 
 Every hostile behaviour runs through dspy.Evaluate(num_threads=8), dspy.GEPA(num_threads=4) and
 `skynet-dspy check`, with timeout=1, in the default isolation (worker processes). For each: the run

@@ -105,5 +105,5 @@ def test_litellm_imported_first_never_makes_the_package_wait_on_its_price_downlo
     assert found["feedback"].startswith("PASS.")
     assert found["program_cost"] > 0 and found["judge_cost"] > 0  # priced from LiteLLM's bundled list
     assert found["check_ok"]
-    # import skynet_dspy sets the variable for later imports (metric workers, subprocesses), as the README says
+    # import skynet_dspy sets the variable for later imports (metric workers, subprocesses): docs/getting-started.md
     assert found["setting"] == "True"

@@ -1,9 +1,9 @@
 """Fuzzed metric returns (issue 9): arbitrary values never crash the validator or the adapter.
 
-Every value a `score` might return is either accepted per SPEC §2 or rejected with a message,
+Every value a `score` might return is either accepted per docs/contract.md#return-value or rejected with a message,
 and the adapter always hands DSPy a finite score and a str feedback within the cap. Values are
-generated with a verdict: GOOD (SPEC §2 says valid), BAD (SPEC §2 says invalid) or MAYBE (the
-SPEC is silent, e.g. a Decimal score, or the value is hostile: its methods raise). MAYBE values
+generated with a verdict: GOOD (the contract says valid), BAD (it says invalid) or MAYBE (the
+contract is silent, e.g. a Decimal score, or the value is hostile: its methods raise). MAYBE values
 may go either way, but never crash.
 
 Hostile objects raise from __eq__/__str__/__repr__/__bool__/__float__/__len__/... only while
@@ -203,7 +203,7 @@ class MyList(list):
 
 
 # -- strategies: (value, verdict, expected) -----------------------------------------------------
-# Each builder takes `hostile`: with False it makes only well-behaved values (so the SPEC §2
+# Each builder takes `hostile`: with False it makes only well-behaved values (so the docs/contract.md#return-value
 # verdicts are checked on their own), with True it mixes in the hostile objects above.
 
 _NP_INTS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
@@ -243,7 +243,7 @@ GOOD_NUMBERS = st.one_of(
 @functools.cache
 def tagged_numbers(hostile: bool):
     """(number-ish value, verdict as a score, its float when GOOD)."""
-    # SPEC §2 lists int, float, bool and NumPy reals; these it does not decide.
+    # docs/contract.md#return-value lists int, float, bool and NumPy reals; these it does not decide.
     maybe = [
         st.fractions(max_denominator=10**6).map(lambda v: (v, MAYBE, float(v))),
         st.decimals(allow_nan=False, allow_infinity=False, places=6).map(lambda v: (v, MAYBE, float(v))),

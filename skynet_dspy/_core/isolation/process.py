@@ -538,7 +538,8 @@ def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm
             if llm is None:
                 raise ModelNotConfigured(NO_JUDGE_MODEL)
             check_llm_arguments(instructions, input_text, settings)  # again here: a worker may write its own request
-            reply = {"kind": "llm_reply", "request": request_id, "text": str(llm(instructions, input_text, settings))}
+            reply = {"kind": "llm_reply", "request": request_id,
+                     "text": str(llm(instructions, input_text, settings))}  # type: ignore[arg-type]  # checked above
         except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
             kind = judge_failure(exc)
             text = exception_text(exc) if kind is None else str(exc)

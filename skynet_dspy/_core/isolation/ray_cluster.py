@@ -312,7 +312,8 @@ class _NodeHost:
 
                 source = importlib.import_module(source["module"])
             self._executor = ProcessExecutor(
-                source, self._timeout, self._feedback_limit, max_workers=self._workers, **self._recycle
+                source, self._timeout, self._feedback_limit, max_workers=self._workers,
+                max_calls=self._recycle.get("max_calls"), max_memory=self._recycle.get("max_memory"),
             )
         except FileNotFoundError as exc:
             return wire.to_parent({"kind": "load_failed", "message": str(exc), "item": "not_found"})

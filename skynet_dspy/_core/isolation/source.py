@@ -73,4 +73,5 @@ def _importable_as(module: ModuleType) -> bool:
         return False
     if found is None or found.origin is None:
         return False
-    return getattr(module, "__file__", None) is not None and os.path.samefile(found.origin, module.__file__)
+    file = getattr(module, "__file__", None)
+    return file is not None and os.path.samefile(found.origin, file)

@@ -43,7 +43,7 @@ _REFIRE = 1.0  # seconds between signals to a main-thread call that swallowed Ca
 _copy_context = contextvars.copy_context
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
-_MAIN_IDENT = threading.main_thread().ident
+_MAIN_IDENT = threading.main_thread().ident or 0  # never None: the main thread has started
 
 
 class Ran(StrEnum):

@@ -106,7 +106,7 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
     for base in (bool, int, float, str, bytes):  # a subclass travels as its base value (np.float64 is a float)
         if isinstance(value, base):
             try:
-                converted = base(value)
+                converted = base(value)  # type: ignore[arg-type]  # value is an instance of base
             except Exception:
                 break
             return _cut_text(converted, budget) if base in (str, bytes) else converted
@@ -120,7 +120,7 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
 
 def _items(values: Any, depth: int, budget: _Budget) -> list[Any]:
     """The items of a list, tuple or set, made plain; cut with a note once the budget is spent."""
-    plain = []
+    plain: list[Any] = []
     for item in values:
         if budget.items <= 0:
             plain.append(f"[{len(values) - len(plain)} more items not sent]")

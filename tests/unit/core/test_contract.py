@@ -1,4 +1,4 @@
-"""The return-value rules of SPEC §2, through the public validate_return / Result / ContractViolation."""
+"""The return-value rules (docs/contract.md#return-value), through validate_return / Result / ContractViolation."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from skynet_dspy._core.contract import (
 )
 from skynet_dspy._core.values import shorten
 
-# The normative table of SPEC §2: (return value, valid?, the reason the SPEC gives for the rejection).
+# The normative table of docs/contract.md#return-value: (return value, valid?, the reason the contract gives).
 SPEC_TABLE = [
     ((0.8, {"feedback": "Close. Missing the date."}), True, None),
     ([1.0, {"feedback": "OK", "scores": {"format": 1.0}}], True, None),
@@ -48,7 +48,7 @@ def test_spec_table_rows_give_the_stated_verdict(value, valid, rule):
     with pytest.raises(ContractViolation) as caught:
         validate_return(value)
     message = str(caught.value)
-    # `rule` is the SPEC's reason as a short name ("the score is a string" -> "score is a string"), and the
+    # `rule` is the contract's reason as a short name ("the score is a string" -> "score is a string"), and the
     # message leads with it, then gives advice and the value returned.
     short = rule.removeprefix("the ").removeprefix("a ")
     assert caught.value.rule == short

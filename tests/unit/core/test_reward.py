@@ -1,4 +1,4 @@
-"""reward(): the formula SPEC §5 pins, spec validation, feedback lines, and REWARD_SPEC checked at load."""
+"""reward(): the formula of docs/contract.md#reward, spec validation, feedback lines, REWARD_SPEC checked at load."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def test_an_invalid_spec_passed_to_reward_fails_the_call_with_its_message():
     with skynet_dspy.load_metric(score) as metric:
         result = metric.score({"q": 1}, "a")
     assert result.failure == "exception"
-    # the optimizer is told what failed; the message is the user's (SPEC §2: no text built from the metric's values)
+    # the optimizer is told what failed; the message is the user's (docs/contract.md#a-failed-call)
     assert result.feedback == "Not scored: the metric raised RewardSpecError while scoring this output."
     assert "RewardSpecError" in result.detail and "['weights']['speed'] is negative" in result.detail
 

@@ -1,4 +1,4 @@
-"""Measured speed and cost of the program's run, per example (SPEC §5), end to end on the loopback server."""
+"""Measured speed and cost of the program's run, per example (docs/contract.md#reward), end to end on the loopback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The adapter DSPy calls: the Score it returns, the memo, failures, timeouts, threads (SPEC §3, §4, §6)."""
+"""The adapter DSPy calls: the Score it returns, the memo, failures, timeouts, threads.
+
+The rules: docs/contract.md (what the metric sees, what the optimizer sees, limits).
+"""
 
 from __future__ import annotations
 

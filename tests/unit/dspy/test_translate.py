@@ -1,4 +1,4 @@
-"""SPEC §3: dspy.Example / dspy.Prediction → plain input, output, expected."""
+"""docs/contract.md#what-the-metric-sees: dspy.Example / dspy.Prediction → plain input, output, expected."""
 
 from __future__ import annotations
 

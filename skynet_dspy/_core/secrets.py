@@ -31,12 +31,18 @@ MIN_ENV_LENGTH = 4  # an environment credential is masked (and kept from workers
 #   a credential from MIN_ENV_LENGTH characters, whatever it looks like ("true"/"false" aside, see below);
 # - a name that says it is a key, token or authentication (KEY, TOKEN, AUTH but not AUTHOR, PAT as a whole
 #   part, COOKIE, WEBHOOK, DSN): its value is a credential from MIN_ENV_LENGTH characters unless it is plainly
-#   a setting: true/false, yes/no, on/off, or a number (TOKENIZERS_PARALLELISM=false, MAX_TOKENS=4096).
+#   a setting: true/false, yes/no, on/off, or a number (TOKENIZERS_PARALLELISM=false, MAX_TOKENS=4096), or its
+#   name ends in a word that names a setting about the credential, not the credential (RAY_AUTH_MODE=token,
+#   AUTH_TYPE=basic, SSL_KEY_FILE=/etc/key.pem: _MODE, _TYPE, _METHOD, _SCHEME, _PROVIDER, _BACKEND, _STRATEGY,
+#   _LEVEL, _FILE, _PATH, _DIR, _ENABLED, _DISABLED);
 # "true" and "false" are never masked in text: masking them would break every JSON document the package prints.
 _SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|CREDENTIAL|(?:^|_)PASS(?:$|_)", re.IGNORECASE)
 _KEY_NAME = re.compile(r"KEY|TOKEN|COOKIE|WEBHOOK|DSN|AUTH(?!OR)|(?:^|_)PAT(?:$|_)", re.IGNORECASE)
 _SETTING = re.compile(r"\s*(?:true|false|yes|no|on|off|[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*",
                       re.IGNORECASE)
+_SETTING_NAME = re.compile(
+    r"_(?:MODE|TYPE|METHOD|SCHEME|PROVIDER|BACKEND|STRATEGY|LEVEL|FILE|PATH|DIR|ENABLED|DISABLED)$", re.IGNORECASE
+)
 _NEVER_MASKED = frozenset({"true", "false"})
 _SHAPES = (
     # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
@@ -95,7 +101,7 @@ def env_credential(name: str, value: str | None) -> bool:
         return False
     if _SECRET_NAME.search(name):
         return True
-    return bool(_KEY_NAME.search(name)) and not _SETTING.fullmatch(value)
+    return bool(_KEY_NAME.search(name)) and not _SETTING.fullmatch(value) and not _SETTING_NAME.search(name)
 
 
 def register(secret: object) -> None:

@@ -143,7 +143,8 @@ class _Run:
             actual = sum(end - start for start, end in self.spans)
             own_ms = _own_work(self, ended, waited)
             # each call counts its kind's latency as known now (the fastest seen, so a run that finished after
-            # other calls of its kind did is not penalised for the process's warm-up); concurrent calls
+            # other calls of its kind did is not penalised for the process's warm-up), unless it was clearly
+            # slower than that (steady.CALL_BAND): a slower provider is news; concurrent calls
             # (dspy.Parallel) overlap: their latencies count in the share their wall time had
             latency_ms = sum(anchors.current(kind, made) for kind, made in self.kinds)
             model_ms = latency_ms * (waited / actual) if actual > 0 else 0.0

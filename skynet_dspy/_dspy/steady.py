@@ -7,8 +7,10 @@ moved only when a time comes in below it by more than RESET (and a few milliseco
 warm-up is left behind and a millisecond's wobble is not news.
 
 - A model call's kind is its model and its answer's size (doubling steps): its latency is the kind's
-  anchor, always. What a faster program saves by making fewer calls, or calls with shorter answers, counts
-  in full; one call's luck does not (nor does a shorter prompt's small saving).
+  anchor when within the band above it (CALL_BAND of it, or CALL_FLOOR_MS, whichever is larger), and as
+  measured beyond, so a provider that became slower shows. What a faster program saves by making fewer
+  calls, or calls with shorter answers, counts in full; one call's luck does not (nor does a shorter
+  prompt's small saving).
 - A program's own work (its time outside model calls) is reported as its anchor when within the band above
   it (OWN_BAND of it, or OWN_FLOOR_MS, whichever is larger), and as measured beyond: real extra work counts.
 
@@ -23,6 +25,8 @@ from collections.abc import Hashable
 
 from .._core.lru import LRU
 
+CALL_BAND = 0.5  # a model call up to 50% slower than its kind's anchor is the anchor plus noise
+CALL_FLOOR_MS = 10.0  # ... or up to 10 ms slower, whichever is larger (a first connection, a busy moment)
 OWN_BAND = 0.5  # own work up to 50% above its anchor is the anchor's plus noise
 OWN_FLOOR_MS = 25.0  # ... or up to 25 ms above it, whichever is larger (a GC pause)
 WAIT_FLOOR_MS = 50.0  # the time it waited outside model calls: up to 50 ms above its anchor (the GIL, a busy core)
@@ -62,10 +66,15 @@ class Anchors:
         anchor = self._anchors.get(key)
         return value_ms if anchor is None else min(value_ms, anchor)
 
-    def current(self, key: Hashable, value_ms: float) -> float:
-        """The anchor of `key` as it stands now (`value_ms` when it has none)."""
+    def current(
+        self, key: Hashable, value_ms: float, band: float = CALL_BAND, floor_ms: float = CALL_FLOOR_MS
+    ) -> float:
+        """`value_ms` against the anchor of `key` as it stands now: the anchor when within `band` (or `floor_ms`)
+        above it, else `value_ms` itself (`value_ms` when it has no anchor). Moves nothing."""
         anchor = self._anchors.get(key)
-        return value_ms if anchor is None else anchor
+        if anchor is None or value_ms > anchor + max(anchor * band, floor_ms):
+            return value_ms
+        return anchor
 
     def forget(self) -> None:
         """Drop every anchor (for tests)."""

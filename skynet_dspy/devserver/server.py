@@ -9,6 +9,7 @@ can be told to misbehave (status codes, stalls, broken bodies) for reliability t
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -83,6 +84,15 @@ def dspy_reply(**fields: Any) -> str:
 Responder = Callable[[Request], Any]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a cancelled llm() request, a timed-out call) is no error of the server's:
+    it is not printed as a traceback on the test's or the notebook's stderr."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class DevServer:
     """The loopback server. Use as a context manager, or start() / stop().
 
@@ -117,7 +127,7 @@ class DevServer:
         self.requests: list[Request] = []
         self._faults: deque[Fault] = deque()
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 

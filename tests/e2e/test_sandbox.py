@@ -216,7 +216,7 @@ def test_make_evaluator_scores_each_way_a_run_can_fail_and_then_a_good_one(tmp_p
     assert "ended its process" in results["exits"].feedback
     assert results["deletes"].failure is Failure.RUN_EXCEPTION and run_path.exists()  # a read-only view
     assert "OSError" in results["deletes"].feedback
-    assert (score, side_info) == (1.0, {"feedback": "right"})
+    assert (score, side_info) == (1.0, {"Inputs": {"x": 3}, "Generated Outputs": 6, "feedback": "right"})
     assert evaluator.workers.executor.worker_pids == []  # closed with the evaluator
 
 
@@ -231,5 +231,5 @@ def test_run_raising_in_a_worker_gives_the_same_feedback_as_in_this_process(tmp_
     for isolation in ("thread", "process"):
         with skynet_dspy.make_evaluator(run, str(metric_path), run_isolation=isolation) as evaluator:
             feedbacks.append(evaluator("abc", example))
-    expected = (0.0, {"feedback": "run(artifact, input) raised ValueError: no solve in 'abc'"})
+    expected = (0.0, {"Inputs": {"x": 3}, "feedback": "run(artifact, input) raised ValueError: no solve in 'abc'"})
     assert feedbacks[0] == feedbacks[1] == expected

@@ -426,7 +426,7 @@ class ProcessExecutor:
                             f"{MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
                         ), False
             elif kind == "outcome" and message.get("call") == call_id:
-                outcome = _checked(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
+                outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
             elif kind == "outcome" and isinstance(message.get("call"), int) and message["call"] < call_id:
                 raise _Tampered
@@ -464,8 +464,9 @@ class ProcessExecutor:
             return sorted(worker.pid for worker in self._workers)
 
 
-def _checked(outcome: Outcome, feedback_limit: int) -> Outcome:
-    """A worker's result checked again here, against the same rules (a metric may write its own replies)."""
+def checked_again(outcome: Outcome, feedback_limit: int) -> Outcome:
+    """A worker's result checked again here, against the same rules (a metric may write its own replies; a Ray
+    node's worker is checked by its node, and again on the driver)."""
     result = outcome.result
     if result is None:
         return outcome

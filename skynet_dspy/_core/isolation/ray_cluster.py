@@ -34,10 +34,8 @@ from typing import Any
 
 from ..call import CallRequest
 from ..context import CallScope, LLMHandler, llm_pool
-from ..contract import CUT_MARGIN, check_return
 from ..errors import (
     NO_JUDGE_MODEL,
-    ContractViolation,
     LLMCallError,
     MetricLoadError,
     MissingExtra,
@@ -50,6 +48,7 @@ from ..secrets import credential_free_environment, env_credential, looks_like_cr
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text, whole_number
 from . import tree, wire
+from .process import checked_again
 
 logger = logging.getLogger("skynet_dspy")
 
@@ -637,7 +636,7 @@ class RayExecutor:
                                    "more calls")
                 kind = event.get("kind")
                 if kind == "outcome":
-                    return _rechecked(wire.outcome_from_plain(event.get("outcome")), self.feedback_limit)
+                    return checked_again(wire.outcome_from_plain(event.get("outcome")), self.feedback_limit)
                 if kind == "llm":
                     self._serve(host, call_id, event, llm, slots)
                 elif kind != "pending":
@@ -748,23 +747,6 @@ def _ray_failure(exc: BaseException) -> str:
     """A Ray error in one line (its full text holds a remote traceback)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
-
-
-def _rechecked(outcome: Outcome, feedback_limit: int) -> Outcome:
-    """A node's result checked again here against the contract (the node's worker checked it once already)."""
-    result = outcome.result
-    if result is None:
-        return outcome
-    info: dict[str, Any] = {**result.extra, "feedback": result.feedback}
-    if result.scores is not None:
-        info["scores"] = result.scores
-    try:
-        checked = check_return((result.score, info), feedback_limit + CUT_MARGIN)
-    except ContractViolation as violation:
-        return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
-    return Outcome(
-        result=checked, detail=outcome.detail, judge_problem=outcome.judge_problem, judge_detail=outcome.judge_detail
-    )
 
 
 # -- what travels to the nodes --------------------------------------------------------------------

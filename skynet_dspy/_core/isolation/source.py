@@ -17,8 +17,8 @@ def source_spec(source: Any) -> dict[str, Any]:
 
     A callable cloudpickle cannot send is a MetricLoadError naming isolation="thread".
     """
-    if isinstance(source, (str, Path)):
-        return {"path": str(source)}
+    if isinstance(source, (str, Path)):  # absolute: a sandboxed worker does not start in this folder
+        return {"path": os.path.abspath(os.fspath(source))}
     if isinstance(source, ModuleType):
         name = source.__name__
         if _importable_as(source):

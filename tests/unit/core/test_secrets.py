@@ -174,3 +174,15 @@ def test_the_rules_are_one_function_and_the_name_test_keeps_its_meaning():
     assert not secrets.env_credential("GIT_AUTHOR_NAME", "Ada Lovelace")
     assert not secrets.env_credential("HOME", "/root")
     assert secrets.env_credential("API_KEY", "sk-x") and not secrets.env_credential("API_KEY", "on")
+
+
+@pytest.mark.parametrize("name", ["RAY_AUTH_MODE", "PROXY_AUTH_TYPE", "SSL_KEY_FILE", "API_KEY_PROVIDER"])
+def test_a_key_named_variable_that_names_a_setting_about_the_credential_is_a_setting(monkeypatch, name):
+    monkeypatch.setenv(name, "token")  # Ray sets RAY_AUTH_MODE=token: "token" must stay readable everywhere
+    assert secrets.redact('{"prompt_tokens": 3}') == '{"prompt_tokens": 3}'
+    assert secrets.credential_free_environment()[name] == "token"
+
+
+def test_a_secret_named_variable_is_masked_even_when_its_name_ends_like_a_setting(monkeypatch):
+    monkeypatch.setenv("DB_PASSWORD_FILE", "hunter")  # a secret-named variable is a secret whatever its ending
+    assert secrets.redact("x hunter y") == "x *** y"

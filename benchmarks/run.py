@@ -373,7 +373,7 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
 
 def _sandbox_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     if "skipped" in s:
-        return [("9. sandbox=True (bubblewrap)", s["skipped"], "n/a", "n/a", "not run")]
+        return [("12. sandbox=True (bubblewrap)", s["skipped"], "n/a", "n/a", "not run")]
     plain, boxed = s["plain"], s["sandbox"]
     return [(
         f"12a. Per-call overhead, `metric.score(...)` from another thread, sandbox=True vs the plain worker "

@@ -69,10 +69,13 @@ def register_skynet() -> None:
         sys.modules["skynet"] = helpers
 
 
-def load(source: Any) -> LoadedMetric:
-    """Load `source`: a path (str or Path) to a metric file, an imported module, or a `score` callable."""
+def load(source: Any, file: str | None = None) -> LoadedMetric:
+    """Load `source`: a path (str or Path) to a metric file, an imported module, or a `score` callable.
+    `file`: where the path leads, resolved (a worker's view), read in its place; messages keep `source`."""
     if isinstance(source, (str, Path)):
-        module = load_file(Path(source))
+        if file is not None and not Path(file).exists():
+            raise FileNotFoundError(f"metric file not found: {source}")
+        module = load_file(Path(file or source))
         return _from_module(module, str(source), Path(source).stem)
     if isinstance(source, ModuleType):
         label = getattr(source, "__file__", None) or source.__name__

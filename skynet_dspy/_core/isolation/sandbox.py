@@ -227,7 +227,7 @@ def folders_of(source: Any) -> tuple[str, ...]:
         file = getattr(getattr(source, "__code__", None), "co_filename", None)
     if not file:
         return ()
-    folder = os.path.dirname(os.path.abspath(os.fspath(file)))
+    folder = os.path.dirname(os.path.realpath(os.fspath(file)))  # through links: the folder the worker reads
     return (folder,) if os.path.isdir(folder) else ()
 
 

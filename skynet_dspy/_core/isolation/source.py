@@ -17,8 +17,10 @@ def source_spec(source: Any) -> dict[str, Any]:
 
     A callable cloudpickle cannot send is a MetricLoadError naming isolation="thread".
     """
-    if isinstance(source, (str, Path)):  # absolute: a sandboxed worker does not start in this folder
-        return {"path": os.path.abspath(os.fspath(source))}
+    if isinstance(source, (str, Path)):
+        # "path" as the user wrote it (for messages); "file", resolved, is what the worker reads: a sandboxed
+        # worker neither starts in this folder nor sees through a link to the metric's folder
+        return {"path": str(source), "file": os.path.realpath(os.fspath(source))}
     if isinstance(source, ModuleType):
         name = source.__name__
         if _importable_as(source):

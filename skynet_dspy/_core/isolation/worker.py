@@ -123,7 +123,7 @@ def _watch_parent(parent: int) -> None:
 
 def _load(spec: dict[str, Any]) -> LoadedMetric:
     if "path" in spec:
-        return load(spec["path"])
+        return load(spec["path"], file=spec.get("file"))
     if "module" in spec:
         import importlib
 

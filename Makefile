@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 DEV := $(VENV)/.installed
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test test-slow lint docs bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "skynet-dspy needs Python 3.11 or newer: run PYTHON=python3.11 make ...")'
@@ -30,7 +30,11 @@ test: $(DEV)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow"
+
+# The tests marked slow (whole optimizations, notebooks, soaks, Ray clusters): CI runs them after `make test`.
+test-slow: $(DEV)
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m slow
 
 lint: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks mkdocs_hooks.py

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,24 +45,23 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _count(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of cases, 1 or more")
-    return number
+def _at_least_one(unit: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of `unit`, 1 or more."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}, 1 or more")
+        return number
+
+    return parse
 
 
-def _requests(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests, 1 or more")
-    return number
+_count = _at_least_one("cases")
+_requests = _at_least_one("requests")
 
 
 def _parser() -> argparse.ArgumentParser:

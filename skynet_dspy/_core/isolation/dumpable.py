@@ -60,6 +60,23 @@ def release() -> None:
             _before = None
 
 
+class Hold:
+    """One process's hold (a worker's, the template's): taken when made, given back once by release(), however
+    often it is called and from whichever thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = True
+        hold()
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        release()
+
+
 def _forget_in_child() -> None:
     """A fork of the user's process owns none of its workers: it starts dumpable, as the user's process was."""
     global _held, _before

@@ -77,7 +77,7 @@ class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
     _inner: int | None = None  # the worker itself, when `pid` is a launcher's process above it (a sandbox)
-    _holds_dumpable = False  # it keeps the user's process undumpable while it lives (dumpable.py)
+    _dumpable: dumpable.Hold | None = None  # keeps the user's process undumpable while it lives (dumpable.py)
 
     def __init__(self, send_timeout: float, token: str | None = None, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
@@ -86,8 +86,7 @@ class WorkerProcess:
         self.token = token or uuid.uuid4().hex
         argv = [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())]
         env, cwd = {**worker_environment(), tree.MARK: self.token}, os.getcwd()
-        dumpable.hold()  # while it lives, a same-user worker cannot read this process's memory (dumpable.py)
-        self._holds_dumpable = True
+        self._dumpable = dumpable.Hold()  # while it lives, a same-user worker cannot read this process's memory
         start = launcher.start if launcher is not None else subprocess.Popen
         try:
             self.proc = start(
@@ -255,9 +254,8 @@ class WorkerProcess:
         self.kill()
 
     def _release_dumpable(self) -> None:
-        if self._holds_dumpable:
-            self._holds_dumpable = False
-            dumpable.release()
+        if self._dumpable is not None:
+            self._dumpable.release()
 
     def _close(self) -> None:
         self._release_dumpable()

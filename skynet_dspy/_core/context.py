@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import OutsideMetricCall
+from .errors import LLMCallError, OutsideMetricCall
 from .types import Failure, Observation
 
 # llm(instructions, input, settings) -> the model's text
@@ -79,6 +79,8 @@ class CallScope:
             return None
 
         def scoped(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+            if self._ended:  # queued on the llm() pool when its call ended: it never starts
+                raise LLMCallError("llm() was called after its metric call had ended")
             token = _scope.set(self)
             try:
                 return llm(instructions, input, settings)

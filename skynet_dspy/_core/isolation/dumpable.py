@@ -67,11 +67,12 @@ class Hold:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held = True
+        self._process = os.getpid()  # a fork of the user's process inherits the object, not the hold
         hold()
 
     def release(self) -> None:
         with self._lock:
-            if not self._held:
+            if not self._held or os.getpid() != self._process:
                 return
             self._held = False
         release()
@@ -79,7 +80,8 @@ class Hold:
 
 def _forget_in_child() -> None:
     """A fork of the user's process owns none of its workers: it starts dumpable, as the user's process was."""
-    global _held, _before
+    global _held, _before, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
     if _held and _before:
         _prctl(_PR_SET_DUMPABLE, _before)
     _held, _before = 0, None

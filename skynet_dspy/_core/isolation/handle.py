@@ -99,15 +99,22 @@ class WorkerProcess:
                 stderr=output_stream(),
                 start_new_session=True,  # its own process group: killing it kills what it forked
             )
-        except (OSError, WorkerError) as exc:
+        except BaseException as exc:  # a Ctrl-C while a sandbox starts it too: nothing is left holding
             ours.close()
             self._release_dumpable()
-            if isinstance(exc, WorkerError):
-                raise
-            raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
+            if isinstance(exc, OSError):
+                raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
+            raise
         finally:
             theirs.close()
-        self._attach(ours, self.proc.pid)
+        try:
+            self._attach(ours, self.proc.pid)
+        except BaseException:
+            if self.proc.poll() is None:  # _attach kills a worker that did not start; an interrupt leaves it here
+                self.proc.kill()
+                self.proc.wait()
+            self._release_dumpable()
+            raise
         # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
         self._inner = _innermost(self.pid) if launcher is not None else None
 
@@ -264,12 +271,13 @@ class WorkerProcess:
                 self.conn.close()
             except OSError:
                 pass
-        if self._pidfd is not None:
+            # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
+            pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
             try:
-                os.close(self._pidfd)
+                os.close(pidfd)
             except OSError:
                 pass
-            self._pidfd = None
 
 
 def set_send_timeout(sock: socket.socket, seconds: float) -> None:

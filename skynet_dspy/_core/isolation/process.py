@@ -436,6 +436,8 @@ class ProcessExecutor:
 
     def close(self) -> None:
         """Stop every worker of this metric (calls in progress end as failures)."""
+        if os.getpid() != self._owner:  # a fork of the user's process: the workers are its parent's
+            self._forget_inherited_workers()
         with self._cond:
             self._closed = True
             idle, self._idle = self._idle, []

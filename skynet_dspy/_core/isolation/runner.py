@@ -84,7 +84,9 @@ class RunWorkers:
         if result is not None:
             return Ran(output=result.extra.get(_OUTPUT))
         detail = str(outcome.detail).replace("score()", "run()")
-        return Ran(failure=Failure.RUN_EXCEPTION, error_type=outcome.error_type or str(outcome.failure),
+        # no worker could load run(): a setup problem, not this candidate's fault (GEPA's cache must not keep it)
+        failure = Failure.LOAD if outcome.failure is Failure.LOAD else Failure.RUN_EXCEPTION
+        return Ran(failure=failure, error_type=outcome.error_type or str(outcome.failure),
                    feedback=_failure_feedback(outcome, self.timeout),
                    detail=f"run(artifact, input) in its worker process: {detail}")
 
@@ -100,4 +102,7 @@ def _failure_feedback(outcome: Outcome, timeout: float) -> str:
         return "run(artifact, input) started a process with os.fork(), which is not allowed, so it was stopped"
     if outcome.failure is Failure.INVALID:
         return "run(artifact, input) returned a value that could not be passed on to the metric"
+    if outcome.failure is Failure.LOAD:
+        return ("run(artifact, input) could not be loaded in a worker process; this is a setup problem, not a fault "
+                "of the candidate")
     return "run(artifact, input) ended its process (an exit, a crash or a signal) before returning"

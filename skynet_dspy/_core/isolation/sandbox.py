@@ -150,6 +150,12 @@ def sandbox_for(
         if network:
             raise ValueError("sandbox_network=True lets a sandboxed worker use the network; it needs sandbox=True")
         return None
+    if isolation == "ray":
+        raise ValueError(
+            "sandbox=True sandboxes worker processes on this machine; a Ray cluster's nodes run the metric "
+            "unsandboxed, so the two cannot be combined. Drop sandbox= (and isolate the cluster's nodes), or "
+            "use isolation='process'"
+        )
     if isolation != "process":
         raise ValueError(
             "sandbox=True runs the metric in sandboxed worker processes; it cannot be combined with "

@@ -25,8 +25,9 @@ def source_spec(source: Any) -> dict[str, Any]:
         name = source.__name__
         if _importable_as(source):
             return {"module": name}
-        if getattr(source, "__file__", None):
-            return {"path": source.__file__}
+        file = getattr(source, "__file__", None)
+        if file:
+            return {"path": file, "file": os.path.realpath(file)}
         source = getattr(source, "score", None)
         if not callable(source):
             raise MetricLoadError(f"the module {name} defines no function named `score`")

@@ -182,6 +182,7 @@ class ForkedWorker(WorkerProcess):
         self._template = template
         self._status: int | None = None
         self._reaped = False
+        self._kill_lock = threading.Lock()
         try:
             reply = template.request(
                 {"kind": "fork", "token": token}, _REQUEST_TIMEOUT, theirs.fileno()
@@ -218,7 +219,8 @@ class ForkedWorker(WorkerProcess):
 
     def _close(self) -> None:
         super()._close()
-        stat, self._stat = getattr(self, "_stat", None), None
+        with self.send_lock:  # one closer takes it, as super() does the pidfd
+            stat, self._stat = getattr(self, "_stat", None), None
         if stat is not None:
             try:
                 os.close(stat)
@@ -226,7 +228,12 @@ class ForkedWorker(WorkerProcess):
                 pass
 
     def kill(self) -> None:
-        """Kill the worker and what it started (as WorkerProcess.kill), then have the template reap it."""
+        """Kill the worker and what it started (as WorkerProcess.kill), then have the template reap it (once, when
+        two threads kill it at the same time)."""
+        with self._kill_lock:
+            self._kill()
+
+    def _kill(self) -> None:
         if self._reaped:
             return
         if self._exited(0) and not self._template.alive:

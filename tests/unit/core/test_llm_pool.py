@@ -69,3 +69,18 @@ def test_the_pool_grows_only_to_the_work_at_once():
         pool.submit(done.set)
         assert done.wait(5)
     assert pool._threads <= 3  # one, plus one per moment a thread was finishing as the next work came
+
+
+def test_a_request_bound_to_an_ended_scope_never_reaches_its_handler():
+    import pytest
+
+    from skynet_dspy._core.errors import LLMCallError
+
+    calls = []
+    scope = CallScope()
+    bound = scope.bind(lambda instructions, input, settings: calls.append(instructions) or "ok")
+    assert bound("first", None, {}) == "ok"
+    scope.end()  # the call ended while a request of it still waited on the pool
+    with pytest.raises(LLMCallError, match="after its metric call had ended"):
+        bound("late", None, {})
+    assert calls == ["first"]

@@ -223,3 +223,22 @@ def test_a_metric_that_fails_to_load_leaves_no_template_behind(tmp_path, start_m
     assert len(_our_helpers()) == len(before) + 1  # one template (or warden) per pool
     metric.close()
     assert _our_helpers() == before
+
+
+def test_closing_an_inherited_metric_in_a_fork_leaves_the_parents_workers_alone(tmp_path):
+    source = "def score(input, output):\n    return 1.0, {'feedback': 'ok'}\n"
+    with skynet_dspy.load_metric(write_metric(tmp_path, source)) as metric:
+        assert metric.score({}, "x").ok
+        workers = metric.scorer.executor.worker_pids
+        pid = os.fork()
+        if pid == 0:  # a fork of the user's process closes its copy of the metric, then scores with its own
+            try:
+                metric.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert metric.scorer.executor.worker_pids == workers
+        for worker in workers:  # still running: the fork neither stopped nor killed them
+            with open(f"/proc/{worker}/stat", "rb") as stat:
+                assert stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X", b"T")
+        assert metric.score({}, "y").ok  # the parent's pool still serves

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 MARK = "SKYNET_DSPY_WORKER"  # the environment variable naming the worker a process descends from
 _ROUNDS = 5  # a process killed while forking may leave a fresh child: look again, up to this many times
@@ -83,30 +84,31 @@ def marked(token: str, pool: bool = False) -> list[int]:
 
 def kill_pool(token: str) -> None:
     """SIGKILL every process carrying the mark of the pool `token` names, or of one of its workers."""
-    for _ in range(_ROUNDS):
-        found = marked(token, pool=True)
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    _kill_until_none(lambda: set(marked(token, pool=True)))
 
 
 def kill_descendants(pid: int, token: str | None = None) -> None:
     """SIGKILL every process below `pid` (and, with `token`, every process carrying the worker's mark)."""
     me = os.getpid()
-    for _ in range(_ROUNDS):
-        found = set(descendants(pid))
+
+    def found() -> set[int]:
+        below = set(descendants(pid))
         if token is not None:
-            found.update(marked(token))
-        found.discard(me)
-        found.discard(pid)
+            below.update(marked(token))
+        return below - {me, pid}
+
+    _kill_until_none(found)
+
+
+def _kill_until_none(find: Callable[[], set[int]]) -> None:
+    """SIGKILL what `find()` returns, again and again (a process may start another as it dies), until it finds
+    nothing or _ROUNDS have passed."""
+    for _ in range(_ROUNDS):
+        found = find()
         if not found:
             return
-        for child in found:
+        for pid in found:
             try:
-                os.kill(child, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass

@@ -16,6 +16,7 @@ from conftest import ROOT
 from support import write_metric
 
 import skynet_dspy
+from skynet_dspy._core.context import llm_pool
 from skynet_dspy.devserver import DevServer
 
 BANNER = "Give Feedback"
@@ -92,7 +93,14 @@ def _open_files() -> int:
 
 
 def _threads() -> int:
-    return len([thread for thread in threading.enumerate() if "process_request_thread" not in thread.name])
+    """Threads of the process but the test server's (one per request) and the llm() pool's, which grows to the
+    work at once up to its fixed size (checked on its own)."""
+    return len([thread for thread in threading.enumerate()
+                if "process_request_thread" not in thread.name and thread.name != "skynet-llm-pool"])
+
+
+def _pool_threads() -> int:
+    return len([thread for thread in threading.enumerate() if thread.name == "skynet-llm-pool"])
 
 
 @pytest.mark.slow
@@ -105,8 +113,10 @@ def test_threads_and_open_files_stay_flat_over_10000_requests_from_16_threads(tm
             warm = list(pool.map(lambda n: metric.score({"q": n}, f"answer {n}"), range(500)))
             threads, files = _threads(), _open_files()
             rest = list(pool.map(lambda n: metric.score({"q": n}, f"answer {n}"), range(500, 2500)))
-            later_threads, later_files = _threads(), _open_files()
+            later_threads, later_files, pool_threads = _threads(), _open_files(), _pool_threads()
         assert len(server.requests) == 10_000
     assert all(result.ok for result in warm + rest)
     assert later_threads <= threads + 2, (threads, later_threads)
+    # the pool may have grown after the warm-up (a busier moment), but only to its fixed size
+    assert 0 < pool_threads <= llm_pool.size, pool_threads
     assert later_files <= files + 8, (files, later_files)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._core import secrets
 from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
+from ._core.options import MetricOptions
 from ._core.safe_text import for_terminal
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -172,7 +173,7 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_BROKEN
 
 
-def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
+def _metric_options(args: argparse.Namespace) -> MetricOptions:
     """load_metric options from the arguments check and score share; a UsageError for a bad metric path."""
     if args.metric.is_dir():
         raise UsageError(f"{args.metric} is a folder; give the path of the metric file, e.g. metric.py")
@@ -180,9 +181,7 @@ def _metric_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"metric file not found: {args.metric}")
     if args.api_base and not args.metric_lm:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
-    options: dict[str, Any] = {
-        "timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation
-    }
+    options: MetricOptions = {"timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation}
     if args.metric_lm:
         model: Any = args.metric_lm
         if args.api_base:
@@ -222,7 +221,7 @@ def _score(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {args.out}: no such folder to write the file in")
     cases = [parse_case(row, args.inputs) for row in read_jsonl(args.data, args.inputs)]
     try:
-        metric = load_metric(args.metric, measure=False, workers=args.threads, **options)
+        metric = load_metric(args.metric, **{**options, "measure": False, "workers": args.threads})
     except (MetricLoadError, RewardSpecError, WorkerError) as exc:
         print(for_terminal(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}")),
               file=sys.stderr)

@@ -13,7 +13,7 @@ import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from dspy.primitives.example import Example
 
@@ -23,12 +23,12 @@ from ._core.errors import SpendCapReached
 from ._core.isolation.runner import RunWorkers
 from ._core.isolation.sandbox import folders_of
 from ._core.logs import logger as logger
+from ._core.options import ModelSpec, OptimizeAnythingOptions, ScoringOptions, check_names, names
 from ._core.specs import MetricSource
 from ._core.types import Failure, Outcome, Result
 from ._core.values import exception_text, shorten, unknown_option
 from ._dspy import hooks, measure, record, translate
 from ._dspy.budget import check_budget
-from ._dspy.metric import OPTIONS as METRIC_OPTIONS_ALL
 from ._dspy.metric import Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
 from ._judge import endpoint, is_lm
 
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from gepa.core.result import GEPAResult
 
 # load_metric() options optimize_anything() accepts among its keyword arguments (a program's output
-# is run()'s return value here, so output_fields / to_output do not apply).
-METRIC_OPTIONS = frozenset(METRIC_OPTIONS_ALL) - {"output_fields", "to_output", "metric_lm", "reflection_lm"}
+# is run()'s return value here, so output_fields / to_output do not apply; the models are its own arguments).
+METRIC_OPTIONS = names(ScoringOptions)
 # Arguments optimize_anything() refuses, and why.
 _REFUSED = {
     "capture_stdio": "it would show everything the metric and run print (expected values included) "
@@ -226,20 +226,31 @@ def _load_run_file(path: Path) -> Callable[..., Any]:
 class Evaluator:
     """GEPA's evaluator around run(artifact, input) and a Skynet metric: (score, {feedback, scores}).
 
-    `metric` is the adapter (read `.stats` and `.judge_usage` on it after a run). Every call runs and
-    scores: repeats are GEPA's to skip, with its own evaluation cache (optimize_anything() turns on
-    cache_evaluation), so a repeated (candidate, example) costs neither a run nor budget.
+    Built by `make_evaluator()`. Every call runs and scores: repeats are GEPA's to skip, with its own evaluation
+    cache (optimize_anything() turns on cache_evaluation), so a repeated (candidate, example) costs neither a run
+    nor budget. `close()` (or a `with` block) stops every worker process it started.
+
+    Attributes:
+        run: run(artifact, input), the program.
+        metric: The Metric scoring it (read `.stats` and `.judge_usage` on it after a run).
     """
 
-    def __init__(self, run: Callable[[Any, Any], Any], metric: Metric, workers: RunWorkers | None = None):
+    def __init__(
+        self, run: Callable[[Any, Any], Any], metric: Metric, workers: RunWorkers | None = None, *,
+        owns_metric: bool = False,
+    ):
         self.run = run
         self.metric = metric
         self.workers = workers  # run_isolation="process": run() goes to these worker processes
+        self._owns_metric = owns_metric  # loaded by make_evaluator(): its workers are this evaluator's to stop
 
     def close(self) -> None:
-        """Stop run()'s worker processes (run_isolation="process"); the metric is closed separately."""
+        """Stop run()'s worker processes (run_isolation="process") and the metric's, when make_evaluator() loaded
+        it (a Metric passed in stays its owner's to close)."""
         if self.workers is not None:
             self.workers.close()
+        if self._owns_metric:
+            self.metric.close()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -365,24 +376,38 @@ def make_evaluator(
     run: Callable[[Any, Any], Any] | str | Path,
     metric: MetricSource,
     *,
-    metric_lm: Any = None,
-    reflection_lm: Any = None,
-    run_isolation: str = "thread",
+    metric_lm: ModelSpec = None,
+    reflection_lm: ModelSpec = None,
+    run_isolation: Literal["thread", "process"] = "thread",
     run_timeout: float | None = None,
-    **metric_options: Any,
+    **metric_options: Unpack[ScoringOptions],
 ) -> Evaluator:
     """Build a `gepa.optimize_anything` evaluator from `run(artifact, input)` and a Skynet metric.
 
-    `run` is a function or a path to run.py defining `run`; `metric` is what load_metric() takes
-    (a path to metric.py, a module, a score function) or a Metric already built (then used as is,
-    with its own models and options). llm() in the metric goes to `metric_lm`, else `reflection_lm`.
-    `metric_options` go to load_metric (timeout, failure_score, feedback_limit, sandbox, ...).
-    run_isolation: "thread" (the default) calls run in this process, as it always did; "process" calls it
-    in worker processes, each call under `run_timeout` seconds (default: the metric's timeout), so a
-    candidate that loops, exits, crashes or forks scores the failure score and the run goes on. With
-    sandbox=True those workers are sandboxed like the metric's (docs/sandbox.md).
-    Call `close()` on the evaluator (or use it in a `with` block) to stop run()'s workers.
+    Close it (`evaluator.close()`, or `with make_evaluator(...) as evaluator:`) to stop the worker processes it
+    started: run()'s, and the metric's when it loaded the metric.
+
+    Args:
+        run: A function run(artifact, input) -> output, or a path to run.py defining `run`.
+        metric: What load_metric() takes (a path to metric.py, a module, a score function), or a Metric already
+            loaded (then used as is, with its own models and options, and left open on close()).
+        metric_lm: The model llm() in the metric calls.
+        reflection_lm: The model llm() calls when no metric_lm is given (a bare callable is GEPA's alone).
+        run_isolation: "thread" calls run in this process; "process" calls it in worker processes, so a
+            candidate that loops, exits, crashes or forks scores the failure score and the run goes on (with
+            sandbox=True those workers are sandboxed like the metric's, docs/sandbox.md).
+        run_timeout: Seconds each run() call may take in a worker (needs run_isolation="process"; default: the
+            metric's timeout).
+        **metric_options: `ScoringOptions` for load_metric (timeout, failure_score, feedback_limit, sandbox, ...).
+
+    Returns:
+        The Evaluator: callable as GEPA's evaluator, (score, side_info).
+
+    Raises:
+        ValueError: A bad run_isolation, or run_timeout without worker processes.
+        TypeError: An unknown option, or options beside a Metric already loaded.
     """
+    check_names("make_evaluator()", metric_options, ScoringOptions)
     if run_isolation not in ("thread", "process"):
         raise ValueError(f"run_isolation must be 'thread' (the default) or 'process', got {run_isolation!r}")
     if run_timeout is not None and run_isolation != "process":
@@ -396,10 +421,11 @@ def make_evaluator(
         # llm() can call a string, a dict or a dspy.LM; a bare callable reflection model is GEPA's alone
         judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options)
+    owns = loaded is not metric
     if run_isolation == "thread":
-        return Evaluator(run_fn, loaded)
+        return Evaluator(run_fn, loaded, owns_metric=owns)
     try:
-        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout))
+        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout), owns_metric=owns)
     except BaseException:
         if loaded is not metric:  # loaded here: its workers are not left behind
             loaded.close()
@@ -483,44 +509,54 @@ def optimize_anything(
     trainset: Sequence[Any],
     valset: Sequence[Any] | None = None,
     *,
-    reflection_lm: Any,
-    metric_lm: Any = None,
+    reflection_lm: ModelSpec | Callable[[Any], str],
+    metric_lm: ModelSpec = None,
     objective: str | None = None,
     background: str | None = None,
     max_metric_calls: int | None = None,
     rng_seed: int = 0,
-    run_isolation: str = "thread",
+    run_isolation: Literal["thread", "process"] = "thread",
     run_timeout: float | None = None,
-    **config: Any,
+    **config: Unpack[OptimizeAnythingOptions],
 ) -> GEPAResult:
     """Optimize a text artifact with plain GEPA, scored by the same metric.py that serves DSPy.
 
-    seed: the starting artifact, a str (run gets a str) or a dict of named texts (run gets the dict).
-    run: run(artifact, input) -> output, or a path to run.py defining it; its return value is the
-        metric's `output`. metric: a path to metric.py, a module, a score function, or a Metric.
-    trainset / valset: examples, each {"input": {...}, "expected": {...} | None} (see split_row)
-        or a dspy.Example. Without valset, GEPA validates on trainset.
-    reflection_lm: the model that proposes new versions: a LiteLLM model string, a dict of LiteLLM
-        settings ({"model", "api_base", "api_key", ...}), a dspy.LM, or a callable(prompt) -> str.
-        llm() in the metric uses metric_lm, else this model (unless it is a bare callable).
-    objective / background: plain-language goal and constraints shown to the reflection model.
-    max_metric_calls: GEPA's budget of (candidate, example) evaluations, checked before the run (a
-        warning names the smallest that buys the valset evaluation and a few proposals). GEPA's
-        evaluation cache is on (cache_evaluation=True; in run_dir= when given, so a resumed run pays
-        nothing twice): a repeated (candidate, example) costs no run, no metric call and no budget.
+    The reflection model sees each example's input fields, what run() returned, the feedback text and the named
+    scores (higher is better), each bounded by feedback_limit; never the expected values. Every worker process
+    the call started (run()'s, and the metric's when it loaded the metric) is stopped when it returns; a Metric
+    passed in stays open, its owner's to close.
+
+    Args:
+        seed: The starting artifact, a str (run gets a str) or a dict of named texts (run gets the dict).
+        run: run(artifact, input) -> output, or a path to run.py defining it; its return value is the metric's
+            `output`.
+        metric: A path to metric.py, a module, a score function, or a Metric.
+        trainset: Examples, each {"input": {...}, "expected": {...} | None} (see split_row) or a dspy.Example.
+        valset: Examples to validate on; without it, GEPA validates on trainset.
+        reflection_lm: The model that proposes new versions: a LiteLLM model string, a dict of LiteLLM settings,
+            a dspy.LM, or a callable(prompt) -> str. llm() in the metric uses metric_lm, else this model (unless
+            it is a bare callable).
+        metric_lm: The model llm() in the metric calls.
+        objective: The goal in plain language, shown to the reflection model.
+        background: Constraints and context, shown to the reflection model.
+        max_metric_calls: GEPA's budget of (candidate, example) evaluations, checked before the run. GEPA's
+            evaluation cache is on (cache_evaluation=True), so a repeated (candidate, example) costs nothing.
         rng_seed: GEPA's random seed.
-    run_isolation / run_timeout: "thread" (the default) calls run in this process; "process" calls it in
-        worker processes, each call under run_timeout seconds (default: the metric's timeout), so a
-        candidate that loops, exits, crashes or forks scores the failure score and the run goes on
-        (see make_evaluator; with sandbox=True they are sandboxed too, docs/sandbox.md).
-    config: load_metric options (timeout, failure_score, feedback_limit, judge_cache, judge_cache_size,
-        max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending cap is reached), any
-        field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,
-        max_workers, reflection_minibatch_size, logger, run_dir, cache_evaluation, ...), and merge= (True
-        or a MergeConfig), refiner=, callbacks=, stop_callbacks=.
-    Returns GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
-    The reflection model sees each example's input fields, what run() returned, the feedback text and the
-    named scores (higher is better), each bounded by feedback_limit; never the expected values.
+        run_isolation: "thread" calls run in this process; "process" in worker processes, each call under
+            run_timeout seconds, so a candidate that loops, exits, crashes or forks scores the failure score.
+        run_timeout: Seconds each run() call may take in a worker (default: the metric's timeout).
+        **config: `OptimizeAnythingOptions`: the metric's `ScoringOptions` (timeout, failure_score,
+            feedback_limit, judge_cache, max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending
+            cap is reached, ...) and plain GEPA's settings (frontier_type, parallel, max_workers,
+            reflection_minibatch_size, logger, run_dir, merge=True or a MergeConfig, refiner, callbacks,
+            stop_callbacks, ...).
+
+    Returns:
+        GEPA's GEPAResult: `.best_candidate` (a str for a str seed), `.val_aggregate_scores`, ...
+
+    Raises:
+        ValueError: No seed, no reflection model, no budget, or a bad example.
+        TypeError: An unknown or refused option, or a seed that is not text.
     """
     from gepa import optimize_anything as oa
 
@@ -536,7 +572,7 @@ def optimize_anything(
     if reflection_lm is None:
         raise ValueError("reflection_lm is required: the model that proposes new versions of the artifact")
 
-    groups = _split_config(config)
+    groups = _split_config(dict(config))
     metric_options = groups.pop("metric")
     if max_metric_calls is None and not any(
         groups["engine"].get(name) is not None for name in ("max_candidate_proposals", "max_reflection_cost")

@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
+from .._core.options import MetricOptions, check_names
+from .._core.specs import MetricSource
 from .._core.types import Item, Result, Status
 from .._core.values import shorten, whole_number
 from ..errors import MetricLoadError, RewardSpecError, WorkerError
@@ -21,6 +23,9 @@ from .cases import CASES_CHECKED, Case, DataError, cases, parse_case, read_jsonl
 from .items import STOPPING, all_items
 from .report import Call as Call
 from .report import CaseRun, CheckItem, ContractReport, Role
+
+if TYPE_CHECKING:
+    from .._dspy.metric import Metric
 
 __all__ = [
     "CASES_CHECKED",
@@ -37,34 +42,49 @@ Progress = Callable[[int, int], None]  # (calls done, calls planned)
 
 
 def check_contract(
-    source: Any,
+    source: MetricSource | Metric,
     examples: Iterable[Any],
     *,
     max_cases: int | None = CASES_CHECKED,
     inputs: Sequence[str] | None = None,
     progress: Progress | None = None,
-    **options: Any,
+    **options: Unpack[MetricOptions],
 ) -> ContractReport:
-    """Run the metric on the first `max_cases` examples (3; None: all) and report every contract item.
+    """Run the metric on the first `max_cases` examples and report every contract item.
 
-    `source` is what load_metric takes (or a Metric); `examples` are dspy.Examples, dicts {"input": {...},
-    "output": ..., "expected": {...} | None}, or flat rows when `inputs` names the input fields. When a case
-    has no output, its expected values serve as the output. Options are load_metric's (timeout=60 s, at most
-    600; isolation="process"). `progress(done, planned)` is called after each call.
+    When a case has no output, its expected values serve as the output. Problems with the metric are in the
+    report, never raised.
+
+    Args:
+        source: What load_metric takes (a path to metric.py, a module, a score function), or a Metric.
+        examples: dspy.Examples, dicts {"input": {...}, "output": ..., "expected": {...} | None}, or flat rows
+            when `inputs` names the input fields.
+        max_cases: How many examples to run (None: all).
+        inputs: The input fields of flat rows (every other key is an expected value).
+        progress: Called as progress(done, planned) after each call.
+        **options: `MetricOptions` for load_metric (timeout, isolation, output_fields, ...).
+
+    Returns:
+        The ContractReport: `.ok`, and one CheckItem per contract item.
+
+    Raises:
+        TypeError: An unknown option, or options beside a Metric already loaded.
+        DataError: A case that cannot be read.
     """
     from .._dspy.metric import Metric, load_metric, reject_options_for_loaded
 
     given_metric = isinstance(source, Metric)
-    if given_metric:
+    if isinstance(source, Metric):
         reject_options_for_loaded("check_contract()", source, options)
+    check_names("check_contract()", options, MetricOptions)
     if max_cases is not None:
         whole_number("max_cases", max_cases, minimum=1, unit="cases")
     checked = cases(examples, max_cases, inputs)
-    report = ContractReport(source.info.label if given_metric else _source_name(source))
+    report = ContractReport(source.info.label if isinstance(source, Metric) else _source_name(source))
     if isinstance(examples, Sized):  # a generator is never read past the cases checked
         report.not_run = max(0, len(examples) - len(checked))
     try:
-        metric = source if given_metric else load_metric(source, **{"measure": False, **options})
+        metric = source if isinstance(source, Metric) else load_metric(source, **_unmeasured(options))
     except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
         _add_load_failure(report, exc)
         return report
@@ -88,6 +108,11 @@ def check_contract(
         if not given_metric:
             metric.close()
     return report
+
+
+def _unmeasured(options: MetricOptions) -> MetricOptions:
+    """The options with measure=False unless given: a check scores given outputs, no program's runs."""
+    return {"measure": False, **options}
 
 
 def _nothing_to_score(report: ContractReport, checked: list[Case], output_fields: Any) -> None:

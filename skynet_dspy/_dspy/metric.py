@@ -10,26 +10,23 @@ failure feedback) → back as a Score, which DSPy reads as a number and GEPA as 
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, Unpack
 
 import dspy
 
 from .._core import secrets
 from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
-from .._core.isolation.ray_cluster import RayCluster
 from .._core.logs import logger
 from .._core.lru import LRU
+from .._core.options import Isolation, JudgeCache, MetricOptions, ModelSpec, check_names, names
 from .._core.scorer import Scorer
 from .._core.specs import MetricSource
 from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
-from .._core.values import exception_text, identifier, unknown_option, whole_number
+from .._core.values import exception_text, whole_number
 from .._judge import Judge
 from .._judge.spend import Spend, SpendCap
 from . import measure as measurement
@@ -259,13 +256,13 @@ class Metric:
         failure_score: float = 0.0,
         output_fields: Sequence[str] | str | None = None,
         to_output: Callable[[Any], Any] | None = None,
-        metric_lm: Any = None,
-        reflection_lm: Any = None,
-        judge_cache: Any = True,
+        metric_lm: ModelSpec = None,
+        reflection_lm: ModelSpec = None,
+        judge_cache: JudgeCache = True,
         judge_cache_size: int | None = None,
         feedback_limit: int = DEFAULT_FEEDBACK_LIMIT,
         memo_size: int = DEFAULT_MEMO_SIZE,
-        isolation: str | RayCluster = "process",
+        isolation: Isolation = "process",
         workers: int | None = None,
         worker_max_calls: int | None = None,
         worker_max_memory: int | None = None,
@@ -494,10 +491,24 @@ class Metric:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    # dspy.Evaluate names its results column `metric.__class__.__name__` (a function's __name__): the metric's
+    # name, so the column reads "metric" for metric.py, as for a native metric function. type(metric) stays Metric
+    # (isinstance, pickling, copying and reprs read the real class), as unittest.mock's spec does.
+    @property  # type: ignore[misc]
+    def __class__(self) -> _ColumnName:  # type: ignore[override]
+        return _ColumnName(self.name)
+
     def __repr__(self) -> str:
         return secrets.redact(
             f"<skynet_dspy.Metric {self.scorer.info.label} isolation={self.isolation} timeout={self.timeout:g}s>"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _ColumnName:
+    """What dspy.Evaluate reads as a Metric's class: its `__name__`, the metric's name."""
+
+    __name__: str
 
 
 def _threshold(value: Any) -> float | None:
@@ -523,18 +534,7 @@ def _output_fields(names: Sequence[str] | str | None) -> list[str] | None:
     return names
 
 
-OPTIONS = tuple(name for name in inspect.signature(Metric).parameters if name != "source")
-
-
-def metric_class_name(source: Any) -> str:
-    """The name dspy.Evaluate gives the metric's column: 'metric' for metric.py, the function's name..."""
-    if isinstance(source, (str, Path)):
-        stem = Path(source).stem
-    elif isinstance(source, ModuleType):
-        stem = source.__name__.rpartition(".")[2]
-    else:
-        stem = getattr(source, "__name__", None) or type(source).__name__
-    return identifier(stem)
+OPTIONS = names(MetricOptions)
 
 
 def stop_callbacks_with_caps(given: Any, metric: Metric) -> Any:
@@ -555,33 +555,28 @@ def reject_options_for_loaded(where: str, metric: Metric, options: Mapping[str, 
         )
 
 
-def load_metric(source: MetricSource, **options: Any) -> Metric:
+def load_metric(source: MetricSource, **options: Unpack[MetricOptions]) -> Metric:
     """Load a Skynet metric and wrap it for DSPy and GEPA.
 
-    `source` is a path to metric.py, an imported module, or a `score` callable. Options: timeout (s,
-    default 60, at most 600), failure_score (0.0), output_fields (the prediction's output columns),
-    to_output (prediction -> output), metric_lm and reflection_lm (for llm()), judge_cache (True:
-    memory, a folder, a redis:// URL, False), judge_cache_size (bytes on disk), feedback_limit (20,000
-    characters), memo_size (4096), isolation ("process", the default, "thread", or "ray" /
-    skynet_dspy.RayCluster(...) for a Ray cluster: docs/ray.md), workers (the most worker processes; per node
-    with "ray"), worker_max_calls and worker_max_memory (replace a worker after that many calls, or once it
-    holds that many bytes of its own; off by default, see docs/worker-pool.md), measure (None: when the metric
-    uses reward/observation/service_cost),
-    max_judge_cost_usd and max_program_cost_usd (spending caps in US dollars: once the measured spend
-    reaches one, those model calls are refused and `metric.stop_callback` stops GEPA), sandbox (False;
-    True runs each worker under bubblewrap: docs/sandbox.md) and sandbox_network (False: no network in it),
-    judge_max_concurrency and judge_rpm (at most N judge requests in flight and R started a minute, spread
-    evenly, across every thread and worker: docs/judge.md), success_threshold
-    (None: a call succeeds when it scores above 0; a number: only at or above it. What BootstrapFewShot and
-    MIPROv2 take as a demo without metric_threshold=; the score itself is unchanged).
+    Args:
+        source: A path to metric.py, an imported module defining `score`, a `score` function, or a Metric
+            already loaded (returned as it is; options beside it are a TypeError).
+        **options: `MetricOptions`, each described, with its default, under `Metric` (timeout, failure_score,
+            output_fields, metric_lm, isolation, workers, sandbox, ...). A misspelt option is a TypeError naming
+            the closest one.
+
+    Returns:
+        The Metric: call it as DSPy does, or `metric.score(input, output, expected)` on plain values;
+        `close()` it (or use it in a `with` block) to stop its worker processes.
+
+    Raises:
+        MetricLoadError: The file does not load, or defines no usable `score`.
+        FileNotFoundError: No file at the path.
+        TypeError: An unknown option, or options beside a Metric already loaded.
+        ValueError: An option's value is out of range.
     """
     if isinstance(source, Metric):
         reject_options_for_loaded("load_metric()", source, options)
         return source
-    for name in options:
-        if name not in OPTIONS:
-            raise unknown_option("load_metric()", name, OPTIONS)
-    name = metric_class_name(source)
-    # the public module, as for every public class (skynet_dspy/__init__.py): reprs and tracebacks name skynet_dspy
-    named = type(name, (Metric,), {"__module__": "skynet_dspy", "__qualname__": name, "__doc__": Metric.__doc__})
-    return named(source, **options)
+    check_names("load_metric()", options, MetricOptions)
+    return Metric(source, **options)

@@ -7,13 +7,13 @@ side by side; `failure_score` goes to both, so a failed metric call scores the s
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import dspy
 
 from .._core import secrets
+from .._core.options import DspyGEPAOptions, GEPAOptions, MetricOptions, ModelSpec, names
 from .._core.specs import MetricSource
 from .._core.values import unknown_option
 from .._judge import endpoint
@@ -21,9 +21,7 @@ from .budget import check_budget
 from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
 from .record import record_compiles
 
-_GEPA_OPTIONS = tuple(
-    name for name in inspect.signature(dspy.GEPA.__init__).parameters if name not in ("self", "metric", "reflection_lm")
-)
+_GEPA_OPTIONS = names(DspyGEPAOptions)
 
 
 class SkynetGEPA(dspy.GEPA):
@@ -48,29 +46,42 @@ class SkynetGEPA(dspy.GEPA):
 
 def gepa(
     metric: MetricSource,
-    reflection_lm: Any,
-    metric_lm: Any = None,
-    metric_options: Mapping[str, Any] | None = None,
-    **options: Any,
+    reflection_lm: ModelSpec,
+    metric_lm: ModelSpec = None,
+    metric_options: MetricOptions | None = None,
+    **options: Unpack[GEPAOptions],
 ) -> dspy.GEPA:
     """Build `dspy.GEPA` whose metric is the Skynet metric and whose reflection model also answers llm().
 
-    `metric` is a path to metric.py, a module, a `score` callable or a loaded Metric. `reflection_lm` (a
-    LiteLLM model string, a settings dict or a dspy.LM) writes new instructions and, unless `metric_lm` is
-    given, judges in llm(). `options` are load_metric()'s (timeout, output_fields, judge_cache, ...) and
-    dspy.GEPA's (auto, max_metric_calls, num_threads, ...); failure_score goes to both. The metric is on
-    `.skynet_metric`. compile() warns before the run when max_metric_calls cannot buy the valset evaluation
-    and a few proposals; with max_judge_cost_usd= / max_program_cost_usd=, GEPA stops once a cap is reached;
-    judge_max_concurrency= / judge_rpm= bound the judge's requests in flight and per minute (docs/judge.md).
+    compile() warns before the run when the budget cannot buy the valset evaluation and a few proposals; with
+    max_judge_cost_usd= / max_program_cost_usd=, GEPA stops once a cap is reached.
+
+    Args:
+        metric: A path to metric.py, an imported module, a `score` function, or a Metric already loaded (then
+            its own options stand: metric options beside it are a TypeError).
+        reflection_lm: The model that writes new instructions (a dspy.LM, a LiteLLM model string or a dict of
+            LiteLLM settings); it also answers the metric's llm() calls unless `metric_lm` is given.
+        metric_lm: The model llm() calls instead.
+        metric_options: `load_metric()` options as a dict (the same as giving them as keywords).
+        **options: `GEPAOptions`: load_metric()'s options and dspy.GEPA's (exactly one budget: auto,
+            max_metric_calls or max_full_evals), side by side; failure_score goes to both. A misspelt name is a
+            TypeError naming the closest option of either kind.
+
+    Returns:
+        A dspy.GEPA; the Metric it built is on `.skynet_metric`, each compile's record on `.skynet_run`.
+
+    Raises:
+        ValueError: No reflection model, or not exactly one budget.
+        TypeError: An unknown option.
     """
     if reflection_lm is None:
         raise ValueError(
             "skynet_dspy.gepa() needs reflection_lm=: the model that writes new instructions, e.g. "
             "'openai/gpt-4o' or dspy.LM('openai/gpt-4o', api_key=...)"
         )
-    metric_settings = dict(metric_options or {})
+    metric_settings: dict[str, Any] = dict(metric_options or {})
     gepa_settings: dict[str, Any] = {}
-    for name, value in options.items():
+    for name, value in dict(options).items():
         if name in ("metric", "reflection_lm"):
             raise TypeError("pass metric and reflection_lm once, as gepa()'s own arguments")
         if name == "failure_score":

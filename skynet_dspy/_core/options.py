@@ -1,0 +1,234 @@
+"""The options of the public API, typed once: a misspelt or mistyped option is a type checker's error.
+
+`MetricOptions` are `load_metric()`'s; `skynet_dspy.gepa()`, `optimize_anything()`, `make_evaluator()`,
+`check_contract()` and the command line take the same ones (or the `ScoringOptions` part of them, where the
+program's output or the models are their own arguments). Their defaults are `Metric`'s parameters; a test holds
+the two, and the table in docs/dspy.md, to the same names, types and defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
+
+from .values import unknown_option
+
+if TYPE_CHECKING:
+    from .isolation.ray_cluster import RayCluster
+
+ModelSpec: TypeAlias = Any
+"""A model: a LiteLLM model string ("openai/gpt-4o-mini"), a dict of LiteLLM settings ({"model", "api_base",
+"api_key", ...}) or a dspy.LM."""
+
+Isolation: TypeAlias = 'Literal["process", "thread", "ray"] | RayCluster'
+"""Where `score` runs: "process" (worker processes), "thread" (this process), "ray" or a RayCluster."""
+
+JudgeCache: TypeAlias = "bool | str | os.PathLike[str]"
+"""The judge cache: True (in memory), a folder (on disk), a redis:// URL, or False."""
+
+
+class ScoringOptions(TypedDict, total=False):
+    """How a metric is called and bounded: the options every entry point takes.
+
+    Attributes:
+        timeout: Seconds one call of `score` may take (at most 600); importing the metric file too.
+        failure_score: What a failed call scores.
+        success_threshold: A call is a success (its Score is truthy) at or above this score; None: above 0.
+        judge_cache: llm() answers kept: True in memory, a folder on disk, a redis:// URL, or False.
+        judge_cache_size: The most bytes the disk cache keeps (None: 1 GiB).
+        judge_max_concurrency: At most N llm() requests in flight at once (None: no limit).
+        judge_rpm: At most R llm() requests started a minute, spread evenly (None: no limit).
+        feedback_limit: Characters of feedback kept (longer is cut, with a note).
+        memo_size: (example, prediction) results remembered, so GEPA's second call is free.
+        isolation: Where `score` runs: "process" (worker processes), "thread" (this process), "ray" or a
+            RayCluster.
+        workers: The most worker processes (per node with Ray); None: 32.
+        worker_max_calls: Replace a worker after this many calls (None: never).
+        worker_max_memory: Bytes (at least 1 MiB): replace a worker once it holds more memory of its own.
+        sandbox: True: every worker runs inside bubblewrap, no network, read-only filesystem.
+        sandbox_network: True: the sandbox keeps the host's network (needs sandbox=True).
+        measure: Measure each run (time, model calls, cost); None: when the metric uses reward(),
+            observation() or service_cost().
+        max_judge_cost_usd: A spending cap on llm() calls, in US dollars.
+        max_program_cost_usd: A spending cap on the program's measured model calls, in US dollars.
+    """
+
+    timeout: float
+    failure_score: float
+    success_threshold: float | None
+    judge_cache: JudgeCache
+    judge_cache_size: int | None
+    judge_max_concurrency: int | None
+    judge_rpm: int | None
+    feedback_limit: int
+    memo_size: int
+    isolation: Isolation
+    workers: int | None
+    worker_max_calls: int | None
+    worker_max_memory: int | None
+    sandbox: bool
+    sandbox_network: bool
+    measure: bool | None
+    max_judge_cost_usd: float | None
+    max_program_cost_usd: float | None
+
+
+class OutputOptions(TypedDict, total=False):
+    """How a DSPy prediction becomes the metric's `output`.
+
+    Attributes:
+        output_fields: The prediction's output fields, e.g. ["answer", "confidence"] (one name: its bare value).
+        to_output: A function prediction -> output, instead of output_fields.
+    """
+
+    output_fields: Sequence[str] | str | None
+    to_output: Callable[[Any], Any] | None
+
+
+class ModelOptions(TypedDict, total=False):
+    """The models llm() calls.
+
+    Attributes:
+        metric_lm: The model llm() calls.
+        reflection_lm: The model llm() calls when no metric_lm is given.
+    """
+
+    metric_lm: ModelSpec
+    reflection_lm: ModelSpec
+
+
+class MetricOptions(ScoringOptions, OutputOptions, ModelOptions, total=False):
+    """Every option of `load_metric()`: `ScoringOptions`, the output fields and the models (defaults: `Metric`)."""
+
+
+class DspyGEPAOptions(TypedDict, total=False):
+    """dspy.GEPA's own options, passed to it unchanged (defaults as dspy.GEPA has them, but track_stats=True).
+
+    Attributes:
+        auto: The budget as "light", "medium" or "heavy" (exactly one of auto, max_metric_calls, max_full_evals).
+        max_full_evals: The budget in full evaluations of the data.
+        max_metric_calls: The budget in metric calls.
+        reflection_minibatch_size: Examples per reflection (3).
+        candidate_selection_strategy: "pareto" or "current_best".
+        skip_perfect_score: Skip reflecting on a minibatch that scores perfect_score (True).
+        add_format_failure_as_feedback: Feed DSPy's format failures to reflection (False).
+        instruction_proposer: A custom instruction proposer.
+        code_proposer: A custom code proposer.
+        component_selector: Which predictors to change ("round_robin").
+        use_merge: Merge candidates (True).
+        max_merge_invocations: The most merges (5).
+        num_threads: Threads for evaluation.
+        perfect_score: The score counted as perfect (1.0).
+        log_dir: Where GEPA keeps its run (resumable).
+        track_stats: Keep the candidates' scores (True here, so report() can read them).
+        use_wandb: Log to Weights & Biases.
+        wandb_api_key: Its key.
+        wandb_init_kwargs: Its wandb.init() settings.
+        track_best_outputs: Keep the best outputs per example.
+        warn_on_score_mismatch: Warn when feedback scores differ from the metric's.
+        use_mlflow: Log to MLflow.
+        seed: GEPA's random seed (0).
+        gepa_kwargs: Passed on to gepa.optimize.
+    """
+
+    auto: Literal["light", "medium", "heavy"] | None
+    max_full_evals: int | None
+    max_metric_calls: int | None
+    reflection_minibatch_size: int
+    candidate_selection_strategy: Literal["pareto", "current_best"]
+    skip_perfect_score: bool
+    add_format_failure_as_feedback: bool
+    instruction_proposer: Any
+    code_proposer: Any
+    component_selector: Any
+    use_merge: bool
+    max_merge_invocations: int | None
+    num_threads: int | None
+    perfect_score: float
+    log_dir: str | None
+    track_stats: bool
+    use_wandb: bool
+    wandb_api_key: str | None
+    wandb_init_kwargs: dict[str, Any] | None
+    track_best_outputs: bool
+    warn_on_score_mismatch: bool
+    use_mlflow: bool
+    seed: int | None
+    gepa_kwargs: dict[str, Any] | None
+
+
+class GEPAOptions(ScoringOptions, OutputOptions, DspyGEPAOptions, total=False):
+    """`skynet_dspy.gepa()`'s options: the metric's (but the models, gepa()'s own arguments) and dspy.GEPA's."""
+
+
+class GEPAConfigOptions(TypedDict, total=False):
+    """Plain GEPA's settings (gepa.optimize_anything's EngineConfig, ReflectionConfig, TrackingConfig and
+    GEPAConfig fields), passed on unchanged; GEPA's documentation describes each."""
+
+    # EngineConfig
+    run_dir: str | None
+    display_progress_bar: bool
+    raise_on_exception: bool
+    use_cloudpickle: bool
+    track_best_outputs: bool
+    max_candidate_proposals: int | None
+    max_reflection_cost: float | None
+    val_evaluation_policy: Any
+    candidate_selection_strategy: Any
+    frontier_type: Literal["instance", "objective", "hybrid", "cartesian"]
+    acceptance_criterion: Any
+    parallel: bool
+    max_workers: int | None
+    cache_evaluation: bool
+    cache_evaluation_storage: Literal["memory", "disk", "auto"]
+    best_example_evals_k: int
+    sampling_strategy: Any
+    selection_strategy: Any
+    # ReflectionConfig
+    skip_perfect_score: bool
+    perfect_score: float | None
+    reflection_strategy: Any
+    batch_sampler: Any
+    reflection_minibatch_size: int | None
+    module_selector: Any
+    reflection_lm_kwargs: dict[str, Any] | None
+    reflection_prompt_template: str | dict[str, str] | None
+    custom_candidate_proposer: Any
+    # TrackingConfig
+    logger: Any
+    use_wandb: bool
+    wandb_api_key: str | None
+    wandb_init_kwargs: dict[str, Any] | None
+    wandb_attach_existing: bool
+    wandb_step_metric: str | None
+    use_mlflow: bool
+    mlflow_tracking_uri: str | None
+    mlflow_experiment_name: str | None
+    mlflow_attach_existing: bool
+    key_prefix: str
+    # GEPAConfig
+    merge: Any
+    refiner: Any
+    callbacks: Any
+    stop_callbacks: Any
+
+
+class OptimizeAnythingOptions(ScoringOptions, GEPAConfigOptions, total=False):
+    """`optimize_anything()`'s keyword options: the metric's `ScoringOptions` and plain GEPA's settings."""
+
+
+def names(options: type[Mapping[str, Any]]) -> frozenset[str]:
+    """The option names a TypedDict declares (its own and its bases')."""
+    return frozenset(getattr(options, "__annotations__", {})) | frozenset(
+        getattr(options, "__optional_keys__", frozenset()) | getattr(options, "__required_keys__", frozenset())
+    )
+
+
+def check_names(where: str, given: Mapping[str, Any], options: type[Mapping[str, Any]]) -> None:
+    """A TypeError naming the closest option for the first name in `given` that `options` does not declare."""
+    known = names(options)
+    for name in given:
+        if name not in known:
+            raise unknown_option(where, name, known)
+

@@ -13,13 +13,13 @@ import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 
 from dspy.primitives.example import Example
 
 from ._core import loading, secrets
 from ._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
-from ._core.errors import SpendCapReached
+from ._core.errors import MetricLoadError, SpendCapReached
 from ._core.isolation.runner import RunWorkers
 from ._core.isolation.sandbox import folders_of
 from ._core.logs import logger as logger
@@ -203,7 +203,7 @@ def load_run(source: Any) -> Callable[[Any, Any], Any]:
         ) from None
     except ValueError:  # a builtin without a readable signature: take it on trust
         pass
-    return source
+    return cast(Callable[[Any, Any], Any], source)
 
 
 def _load_run_file(path: Path) -> Callable[..., Any]:
@@ -212,12 +212,12 @@ def _load_run_file(path: Path) -> Callable[..., Any]:
         raise FileNotFoundError(f"run file not found: {path}")
     try:
         module = loading.load_file(path)
-    except loading.MetricLoadError as exc:
+    except MetricLoadError as exc:
         raise ImportError(str(exc)) from None
     run = getattr(module, "run", None)
     if not callable(run):
         raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
-    return run
+    return cast(Callable[..., Any], run)
 
 
 # -- the evaluator ------------------------------------------------------------------------
@@ -491,7 +491,7 @@ def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
         endpoint(model, "reflection model")  # registers its key for redaction
         return _DspyReflectionLM(model, **overrides)
     if callable(model):
-        return model
+        return cast(Callable[[Any], str], model)
     raise TypeError(
         "reflection_lm must be a LiteLLM model string ('openai/gpt-4o-mini'), a dict of LiteLLM settings "
         f"({{'model': ..., 'api_base': ..., 'api_key': ...}}), a dspy.LM or a callable(prompt) -> str; "

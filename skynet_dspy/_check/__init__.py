@@ -18,8 +18,8 @@ from .._core.options import MetricOptions, check_names
 from .._core.specs import MetricSource
 from .._core.types import Item, Result, Status
 from .._core.values import shorten, whole_number
-from ..errors import MetricLoadError, RewardSpecError, WorkerError
-from .cases import CASES_CHECKED, Case, DataError, cases, parse_case, read_jsonl
+from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
+from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
 from .items import STOPPING, all_items
 from .report import Call as Call
 from .report import CaseRun, CheckItem, ContractReport, Role

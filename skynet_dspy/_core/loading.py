@@ -41,7 +41,7 @@ class LoadedMetric:
     score: Callable[..., Any]
     takes_expected: bool
     name: str
-    reward_spec: dict | None = None
+    reward_spec: dict[str, Any] | None = None
     module: ModuleType | None = None
     label: str = ""
     file: str | None = None
@@ -233,7 +233,7 @@ class _SiblingFinder:
 class _SiblingLoader(importlib.abc.Loader):
     """Runs a helper module from its source (never a cached .pyc) with its metric's import hook."""
 
-    def __init__(self, path: Path, builtins_dict: dict):
+    def __init__(self, path: Path, builtins_dict: dict[str, Any]):
         self.path = path
         self.builtins = builtins_dict
 
@@ -355,7 +355,7 @@ def _code_file(fn: Any) -> str | None:
     """The file a score function's code is in (functions, methods, partials, callable objects)."""
     for candidate in (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__")):
         code = getattr(candidate, "__code__", None)
-        if code is not None:
+        if isinstance(code, types.CodeType):
             return code.co_filename
     return None
 

@@ -51,6 +51,7 @@ class Score(dspy.Prediction, float):
     `.result`, and the output the metric was given on `.output`, never among the fields DSPy reads.
     """
 
+    _result: Result
     _output: Any = None
     _has_output = False
     _threshold: float | None = None  # success_threshold: truthy only at or above it (None: above zero)
@@ -118,7 +119,7 @@ class Score(dspy.Prediction, float):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, dspy.Example) and not isinstance(other, float):
-            return dspy.Example.__eq__(self, other)
+            return bool(dspy.Example.__eq__(self, other))
         return float.__eq__(float(self), other)
 
     def __ne__(self, other: object) -> bool:

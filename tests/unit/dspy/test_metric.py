@@ -729,7 +729,7 @@ def test_a_metric_file_gives_a_class_named_metric_and_a_csv_column_of_plain_numb
             return (1.0 if ok else 0.25), {"feedback": "Correct." if ok else "Wrong city.", "note": [output]}
         """)
     with skynet_dspy.load_metric(str(path)) as metric:
-        assert type(metric).__name__ == "metric"  # dspy.Evaluate names its column after the class
+        assert metric.__class__.__name__ == "metric"  # dspy.Evaluate names its column after `__class__.__name__`
         assert isinstance(metric, skynet_dspy.Metric) and metric.name == "metric"
         csv_path, json_path = tmp_path / "results.csv", tmp_path / "results.json"
         result = dspy.Evaluate(devset=_devset(), metric=metric, num_threads=1, save_as_csv=str(csv_path),

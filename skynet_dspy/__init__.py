@@ -24,7 +24,18 @@ _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from . import skynet  # noqa: E402
 from ._core.contract import validate_return  # noqa: E402
-from ._core.types import Failure, JudgeUsage, Observation, ProgramUsage, Result  # noqa: E402
+from ._core.options import (  # noqa: E402
+    DspyGEPAOptions,
+    GEPAConfigOptions,
+    GEPAOptions,
+    JudgeOptions,
+    MetricOptions,
+    ModelOptions,
+    OptimizeAnythingOptions,
+    OutputOptions,
+    ScoringOptions,
+)
+from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result  # noqa: E402
 from .errors import (  # noqa: E402
     ContractViolation,
     DataError,
@@ -48,8 +59,8 @@ if TYPE_CHECKING:
     from ._core.isolation.ray_cluster import RayCluster
     from ._dspy.metric import Metric, Score, load_metric
     from ._dspy.optimize import gepa
-    from ._gepa import make_evaluator, optimize_anything, split_row
-    from ._judge import configure_llm
+    from ._gepa import Evaluator, make_evaluator, optimize_anything, split_row
+    from ._judge import Endpoint, Judge, configure_llm
     from ._results import CostReceipt, OptimizationReport, log_to_mlflow, report, results_frame
 
 # Public names whose modules pull in DSPy, GEPA or LiteLLM: imported on first use.
@@ -61,10 +72,13 @@ _LAZY = {
     "Score": "._dspy.metric",
     "load_metric": "._dspy.metric",
     "gepa": "._dspy.optimize",
+    "Evaluator": "._gepa",
     "make_evaluator": "._gepa",
     "optimize_anything": "._gepa",
     "split_row": "._gepa",
     "configure_llm": "._judge",
+    "Endpoint": "._judge",
+    "Judge": "._judge",
     "RayCluster": "._core.isolation.ray_cluster",
     "CostReceipt": "._results",
     "OptimizationReport": "._results",
@@ -107,21 +121,34 @@ __all__ = [
     "ContractViolation",
     "CostReceipt",
     "DataError",
+    "DspyGEPAOptions",
+    "Endpoint",
+    "Evaluator",
     "Failure",
+    "GEPAConfigOptions",
+    "GEPAOptions",
+    "Judge",
+    "JudgeOptions",
     "JudgeUsage",
     "LLMCallError",
     "Metric",
+    "MetricInfo",
     "MetricLoadError",
+    "MetricOptions",
     "MissingExtra",
     "ModelNotConfigured",
+    "ModelOptions",
     "Observation",
     "OptimizationReport",
+    "OptimizeAnythingOptions",
+    "OutputOptions",
     "OutsideMetricCall",
     "ProgramUsage",
     "RayCluster",
     "Result",
     "RewardSpecError",
     "Score",
+    "ScoringOptions",
     "SkynetDspyError",
     "SpendCapReached",
     "WorkerError",

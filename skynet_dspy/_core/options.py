@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
 from .values import unknown_option
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported on first use (skynet_dspy.RayCluster): `import skynet_dspy` stays light
     from .isolation.ray_cluster import RayCluster
 
 ModelSpec: TypeAlias = Any
@@ -24,7 +24,7 @@ ModelSpec: TypeAlias = Any
 Isolation: TypeAlias = 'Literal["process", "thread", "ray"] | RayCluster'
 """Where `score` runs: "process" (worker processes), "thread" (this process), "ray" or a RayCluster."""
 
-JudgeCache: TypeAlias = "bool | str | os.PathLike[str]"
+JudgeCache: TypeAlias = bool | str | os.PathLike[str]
 """The judge cache: True (in memory), a folder (on disk), a redis:// URL, or False."""
 
 
@@ -98,6 +98,28 @@ class ModelOptions(TypedDict, total=False):
     reflection_lm: ModelSpec
 
 
+class JudgeOptions(TypedDict, total=False):
+    """`configure_llm()`'s options beside the models and the cache: how its llm() requests are sent.
+
+    Attributes:
+        cache_size: The most bytes a disk cache keeps (None: 1 GiB).
+        timeout: Seconds one request may take.
+        max_retries: Retries of a request that failed with 408, 429, 5xx or a connection error.
+        retry_base_delay: Seconds before the first retry (doubling after each).
+        max_cost_usd: A spending cap on its requests, in US dollars.
+        max_concurrency: At most N requests in flight at once (None: no limit).
+        rpm: At most R requests started a minute, spread evenly (None: no limit).
+    """
+
+    cache_size: int | None
+    timeout: float
+    max_retries: int
+    retry_base_delay: float
+    max_cost_usd: float | None
+    max_concurrency: int | None
+    rpm: int | None
+
+
 class MetricOptions(ScoringOptions, OutputOptions, ModelOptions, total=False):
     """Every option of `load_metric()`: `ScoringOptions`, the output fields and the models (defaults: `Metric`)."""
 
@@ -119,6 +141,7 @@ class DspyGEPAOptions(TypedDict, total=False):
         use_merge: Merge candidates (True).
         max_merge_invocations: The most merges (5).
         num_threads: Threads for evaluation.
+        failure_score: What a program that raised scores (skynet_dspy.gepa() gives the metric's to both).
         perfect_score: The score counted as perfect (1.0).
         log_dir: Where GEPA keeps its run (resumable).
         track_stats: Keep the candidates' scores (True here, so report() can read them).
@@ -145,6 +168,7 @@ class DspyGEPAOptions(TypedDict, total=False):
     use_merge: bool
     max_merge_invocations: int | None
     num_threads: int | None
+    failure_score: float
     perfect_score: float
     log_dir: str | None
     track_stats: bool

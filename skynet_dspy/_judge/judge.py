@@ -15,11 +15,12 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from typing import Any
+from typing import Any, Unpack
 
 from .._core import context, secrets
 from .._core.errors import NO_JUDGE_MODEL
 from .._core.logs import logger
+from .._core.options import JudgeCache, JudgeOptions, ModelSpec
 from .._core.types import JudgeUsage
 from .._core.values import (
     COMPLETION_TOKENS,
@@ -459,11 +460,22 @@ _default_lock = threading.Lock()
 
 
 
-def configure_llm(metric_lm: Any = None, reflection_lm: Any = None, cache: Any = True, **options: Any) -> Judge:
+def configure_llm(
+    metric_lm: ModelSpec = None, reflection_lm: ModelSpec = None, cache: JudgeCache = True,
+    **options: Unpack[JudgeOptions],
+) -> Judge:
     """Set the models skynet.llm() uses outside a metric run (e.g. trying a metric in a notebook).
 
-    Metrics loaded without metric_lm / reflection_lm fall back to these too. Calling it with no
-    model clears them. Returns the new process-default Judge (read `.usage` on it).
+    Metrics loaded without metric_lm / reflection_lm fall back to these too. Calling it with no model clears them.
+
+    Args:
+        metric_lm: The model llm() calls (a LiteLLM model string, a dict of LiteLLM settings or a dspy.LM).
+        reflection_lm: The model llm() calls when no metric_lm is given.
+        cache: True (in memory), a folder (on disk), a redis:// URL, or False.
+        **options: `JudgeOptions` (timeout, max_retries, max_concurrency, rpm, ...).
+
+    Returns:
+        The new process-default Judge (read `.usage` on it).
     """
     global _default
     known = list(inspect.signature(Judge).parameters)

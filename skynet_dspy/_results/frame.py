@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import table
 from .extras import require
 
+if TYPE_CHECKING:
+    import pandas as pd
+    from dspy.evaluate import EvaluationResult
 
-def results_frame(evaluation: Any, *, include_expected: bool = False) -> Any:
+
+def results_frame(evaluation: EvaluationResult, *, include_expected: bool = False) -> pd.DataFrame:
     """One row per example of `evaluation` (what `dspy.Evaluate(...)(program)` returns), as a DataFrame.
 
     Columns: the example's input fields, the output (`output`, or `output.NAME` for several fields), `score`,

@@ -10,12 +10,16 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
 from .._core.safe_text import for_html
 from .._dspy.record import ATTRIBUTE, RunRecord, record_of
 from .receipt import CostReceipt
+
+if TYPE_CHECKING:
+    import dspy
+    from gepa.core.result import GEPAResult
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ def _diff_line(line: str) -> str:
 # -- building a report ---------------------------------------------------------------------------------
 
 
-def report(run: Any) -> OptimizationReport:
+def report(run: dspy.GEPA | dspy.Module | GEPAResult) -> OptimizationReport:
     """The report of a GEPA run: `run` is the dspy.GEPA skynet_dspy.gepa() built (after compile), the program
     its compile returned, or the GEPAResult skynet_dspy.optimize_anything() returned."""
     results, record, source = _sources(run)

@@ -71,7 +71,8 @@ def test_the_options_of_every_entry_point_are_metric_options():
     metric = option_types.names(skynet_dspy.MetricOptions)
     assert option_types.names(skynet_dspy.ScoringOptions) <= metric
     dspy_gepa = option_types.names(skynet_dspy.DspyGEPAOptions)
-    assert option_types.names(skynet_dspy.GEPAOptions) - dspy_gepa == metric - {"metric_lm", "reflection_lm"} - dspy_gepa
+    gepa_metric = option_types.names(skynet_dspy.GEPAOptions) - dspy_gepa
+    assert gepa_metric == metric - {"metric_lm", "reflection_lm"} - dspy_gepa
     assert option_types.names(skynet_dspy.OptimizeAnythingOptions) - option_types.names(
         skynet_dspy.GEPAConfigOptions) == option_types.names(skynet_dspy.ScoringOptions)
 

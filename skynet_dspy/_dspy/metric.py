@@ -19,7 +19,6 @@ import dspy
 
 from .._core import secrets
 from .._core.call import CallRequest
-from .._core.contract import DEFAULT_FEEDBACK_LIMIT, DEFAULT_TIMEOUT
 from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.options import Isolation, JudgeCache, MetricOptions, ModelSpec, check_names, names
@@ -31,8 +30,6 @@ from .._judge import Judge
 from .._judge.spend import Spend, SpendCap
 from . import measure as measurement
 from . import translate
-
-DEFAULT_MEMO_SIZE = 4096
 
 _NOT_MEASURED = (
     "the metric's code does not use reward(), observation() or service_cost(), so its runs are not measured "
@@ -244,16 +241,56 @@ class SpendCapStopper:
 class Metric:
     """A Skynet `score` function wrapped as a DSPy metric and a GEPA feedback metric.
 
-    Built by `skynet_dspy.load_metric()`. DSPy calls it as `metric(gold, pred, trace=None, pred_name=None,
-    pred_trace=None, program_trace=None)` and gets a Score; on plain values, `metric.score(input, output,
-    expected)` gives a Result. `close()` (or `with load_metric(...) as metric:`) stops its worker processes.
+    Built by `skynet_dspy.load_metric()`, whose options are these keywords (`MetricOptions`). DSPy calls it as
+    `metric(gold, pred, trace=None, pred_name=None, pred_trace=None, program_trace=None)` and gets a Score; on
+    plain values, `metric.score(input, output, expected)` gives a Result. `close()` (or
+    `with load_metric(...) as metric:`) stops its worker processes.
+
+    Args:
+        source: A path to metric.py, an imported module defining `score`, or a `score` function.
+        timeout: Seconds one call of `score` may take (at most 600); importing the metric file too.
+        failure_score: What a failed call scores.
+        output_fields: The prediction's output fields, e.g. ["answer", "confidence"]; one name gives its bare
+            value. None: the prediction's only output field, or all of them as a dict.
+        to_output: A function prediction -> output, instead of output_fields.
+        metric_lm: The model llm() calls: a LiteLLM model string, a dict of LiteLLM settings or a dspy.LM.
+        reflection_lm: The model llm() calls when no metric_lm is given (skynet_dspy.gepa() sets it).
+        judge_cache: llm() answers kept: True in memory, a folder on disk, a redis:// URL, or False
+            (docs/costs.md).
+        judge_cache_size: The most bytes the disk cache keeps (None: 1 GiB).
+        feedback_limit: Characters of feedback kept (longer is cut, with a note).
+        memo_size: (example, prediction) results remembered, so GEPA's second call is free.
+        isolation: Where `score` runs: "process" (worker processes), "thread" (this process), or "ray" /
+            skynet_dspy.RayCluster(...) on a Ray cluster (docs/ray.md).
+        workers: The most worker processes (per node with Ray); None: 32.
+        worker_max_calls: Replace a worker after this many calls (None: never; docs/worker-pool.md).
+        worker_max_memory: Bytes (at least 1 MiB): replace a worker once it holds more memory of its own; a
+            call that passes it fails as `memory` (None: never).
+        measure: Measure each run of the program (time, model calls, cost); None: when the metric's code uses
+            reward(), observation() or service_cost() (docs/measurement.md).
+        max_judge_cost_usd: A spending cap on llm() calls, in US dollars: once reached, they are refused and
+            `stop_callback` stops GEPA (docs/costs.md).
+        max_program_cost_usd: A spending cap on the program's measured model calls, in US dollars.
+        sandbox: True: every worker runs inside bubblewrap, with no network and a read-only filesystem
+            (docs/sandbox.md).
+        sandbox_network: True: the sandbox keeps the host's network (needs sandbox=True).
+        judge_max_concurrency: At most N llm() requests in flight at once, across every thread and worker (None:
+            no limit; docs/judge.md).
+        judge_rpm: At most R llm() requests started a minute, spread evenly (None: no limit).
+        success_threshold: A call succeeds (its Score is truthy) at or above this score; None: above 0. What
+            BootstrapFewShot and MIPROv2 take as a demo; the score itself is unchanged.
+
+    Raises:
+        MetricLoadError: The file does not load, or defines no usable `score`.
+        ValueError: An option's value is out of range.
+        TypeError: An option of the wrong kind.
     """
 
     def __init__(
         self,
         source: MetricSource,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = 60.0,
         failure_score: float = 0.0,
         output_fields: Sequence[str] | str | None = None,
         to_output: Callable[[Any], Any] | None = None,
@@ -261,8 +298,8 @@ class Metric:
         reflection_lm: ModelSpec = None,
         judge_cache: JudgeCache = True,
         judge_cache_size: int | None = None,
-        feedback_limit: int = DEFAULT_FEEDBACK_LIMIT,
-        memo_size: int = DEFAULT_MEMO_SIZE,
+        feedback_limit: int = 20_000,
+        memo_size: int = 4096,
         isolation: Isolation = "process",
         workers: int | None = None,
         worker_max_calls: int | None = None,

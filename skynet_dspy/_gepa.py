@@ -31,6 +31,7 @@ from ._dspy import hooks, measure, record, translate
 from ._dspy.budget import check_budget
 from ._dspy.metric import Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
 from ._judge import endpoint, is_lm
+from ._judge.litellm_private import no_banner
 
 if TYPE_CHECKING:
     from gepa.core.result import GEPAResult
@@ -452,6 +453,19 @@ class _LiteLLMReflectionLM(record.CountingLM):
     def __init__(self, model: str, **kwargs: Any):
         super().__init__(model, **kwargs)
         self.completion_kwargs: dict[str, Any] = secrets.RedactedDict(self.completion_kwargs)
+
+    # LiteLLM prints its "Provider List" banner when it cannot price a model (most local servers): not on our calls
+    def __call__(self, prompt: Any) -> str:
+        import litellm
+
+        with no_banner(litellm):
+            return super().__call__(prompt)
+
+    def batch_complete(self, messages_list: list[list[dict[str, Any]]], max_workers: int = 10, **kwargs: Any) -> Any:
+        import litellm
+
+        with no_banner(litellm):
+            return super().batch_complete(messages_list, max_workers=max_workers, **kwargs)
 
     def __repr__(self) -> str:
         return secrets.redact(f"<reflection model {self.model!r}>")

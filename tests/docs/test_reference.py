@@ -79,3 +79,14 @@ def test_the_api_reference_shows_metrics_timeout_default_by_value(api_page):
     text = html.unescape(re.sub(r"<[^>]+>", "", _section(api_page, "Metric")))
     assert "timeout: float = 60.0" in text
     assert "DEFAULT_TIMEOUT" not in text
+
+
+def test_the_mipro_extra_brings_optuna_and_the_docs_name_it():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("optuna") for requirement in extras["mipro"])
+    for page in ("README.md", "docs/dspy.md", "docs/getting-started.md", "docs/troubleshooting.md"):
+        assert "[mipro]" in (ROOT / page).read_text(), page
+    troubleshooting = (ROOT / "docs" / "troubleshooting.md").read_text()
+    assert "MIPROv2 requires optional dependency 'optuna'" in troubleshooting  # the error a user searches for

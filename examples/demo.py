@@ -6,8 +6,15 @@ the provider's usual key such as OPENAI_API_KEY), the same steps run against tha
 
     SKYNET_DEMO_MODEL             the program's model (LiteLLM string); unset: the local scripted server
     SKYNET_DEMO_REFLECTION_MODEL  the model that writes new instructions and judges (default: SKYNET_DEMO_MODEL)
-    SKYNET_DEMO_API_BASE          an OpenAI-compatible base URL for both models (optional)
+    SKYNET_DEMO_API_BASE          an OpenAI-compatible base URL for both models (optional): a local server such as
+                                  llama.cpp, vLLM or Ollama (model e.g. openai/qwen2.5-0.5b-instruct)
+    SKYNET_DEMO_CONCURRENCY       model requests at a time: program threads, GEPA's threads and the judge's
+                                  judge_max_concurrency (default 4; 1 with SKYNET_DEMO_API_BASE, as a local server
+                                  answers one request at a time)
     SKYNET_DEMO_BUDGET            GEPA's max_metric_calls (default 120)
+
+Every model call is sent with temperature=0. A local model has no LiteLLM price: its time is measured and shown,
+its cost is shown as unknown.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ METRIC = HERE / "metric.py"
 JUDGE_METRIC = HERE / "judge_metric.py"
 CASES = HERE / "cases.jsonl"
 DEFAULT_BUDGET = 120
+DEFAULT_CONCURRENCY = 4
 SEED = 0
 
 
@@ -48,12 +56,13 @@ class Evaluation:
     score: float  # mean metric score (the reward: accuracy, speed and cost combined)
     accuracy: float  # mean of the named score "accuracy"
     run_ms: float | None  # mean measured wall time of the program per ticket
-    cost_usd: float | None  # total measured model cost of the program over the set
-    unmeasured: str | None = None  # why time or cost is missing, when it is
+    cost_usd: float | None  # total measured model cost of the program over the set (None: the model has no price)
+    unmeasured: str | None = None  # why time is missing, when it is
 
     def describe(self) -> str:
         time_text = f"{self.run_ms:.1f} ms per ticket" if self.run_ms is not None else "time not measured"
-        cost_text = f"${self.cost_usd:.6f} in all" if self.cost_usd is not None else "cost not measured"
+        cost_text = (f"${self.cost_usd:.6f} in all" if self.cost_usd is not None
+                     else "cost unknown (the model has no LiteLLM price)")
         why = f" ({self.unmeasured})" if self.unmeasured else ""
         return f"score {self.score:.3f}, accuracy {self.accuracy:.0%}, {time_text}, {cost_text}{why}"
 
@@ -79,30 +88,34 @@ def _models(api_base: str | None) -> tuple[dspy.LM, dspy.LM, str]:
     """(task model, reflection model, description) from the SKYNET_DEMO_* variables."""
     task = os.environ["SKYNET_DEMO_MODEL"].strip()
     reflection = os.environ.get("SKYNET_DEMO_REFLECTION_MODEL", "").strip() or task
-    extra = {"api_base": api_base} if api_base else {}
-    # Uncached, so each run's time and cost are real and a rerun starts from scratch.
-    task_lm = dspy.LM(task, cache=False, **extra)
-    reflection_lm = dspy.LM(reflection, cache=False, **extra)
+    extra: dict[str, Any] = {"api_base": api_base} if api_base else {}
+    if api_base and task.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
+        extra["api_key"] = "local"  # a local OpenAI-compatible server takes any key; LiteLLM wants one
+    # Uncached, so each run's time and cost are real and a rerun starts from scratch; temperature 0 so a small
+    # local model answers the same prompt the same way.
+    task_lm = dspy.LM(task, cache=False, temperature=0.0, **extra)
+    reflection_lm = dspy.LM(reflection, cache=False, temperature=0.0, **extra)
     return task_lm, reflection_lm, f"{task} (reflection and judge: {reflection})"
 
 
-def _evaluate(program: dspy.Module, devset: list, metric: Any) -> Evaluation:
-    """Run `program` on `devset` under `metric`: mean score and accuracy, measured time and cost."""
-    evaluator = dspy.Evaluate(devset=devset, metric=metric, num_threads=4, display_progress=False)
+def _evaluate(program: dspy.Module, devset: list, metric: Any, threads: int) -> Evaluation:
+    """Run `program` on `devset` under `metric`: mean score and accuracy, measured time and cost (each alone:
+    a model without a price has its time measured all the same)."""
+    evaluator = dspy.Evaluate(devset=devset, metric=metric, num_threads=threads, display_progress=False)
     scored = [row[2] for row in evaluator(program).results]
     results = [score.result for score in scored if hasattr(score, "result")]
     times = [result.extra.get("run_ms") for result in results]
     costs = [result.extra.get("cost_usd") for result in results]
-    measured = bool(results) and None not in times + costs
+    timed = bool(results) and None not in times
     unmeasured = None
-    if not measured:  # reward() wrote why into the feedback
+    if not timed:  # reward() wrote why into the feedback
         lines = [line for result in results for line in result.feedback.splitlines() if "not measured" in line]
         unmeasured = lines[0].strip() if lines else "no measured run was found"
     return Evaluation(
         score=statistics.fmean(float(score) for score in scored) if scored else 0.0,
         accuracy=statistics.fmean((r.scores or {}).get("accuracy", 0.0) for r in results) if results else 0.0,
-        run_ms=statistics.fmean(times) if measured else None,
-        cost_usd=sum(costs) if measured else None,
+        run_ms=statistics.fmean(times) if timed else None,
+        cost_usd=sum(costs) if results and None not in costs else None,
         unmeasured=unmeasured,
     )
 
@@ -117,8 +130,8 @@ def _warm_up(program: dspy.Module, example: dspy.Example, where: str) -> None:
         raise SystemExit(f"Could not run the program on {where}: {redact(f'{type(exc).__name__}: {exc}')}") from None
 
 
-def _judge_score(program: dspy.Module, devset: list, judge: Any) -> float:
-    rows = dspy.Evaluate(devset=devset, metric=judge, num_threads=4, display_progress=False)(program).results
+def _judge_score(program: dspy.Module, devset: list, judge: Any, threads: int) -> float:
+    rows = dspy.Evaluate(devset=devset, metric=judge, num_threads=threads, display_progress=False)(program).results
     return statistics.fmean(float(row[2]) for row in rows) if rows else 0.0
 
 
@@ -137,8 +150,10 @@ def main(budget: int | None = None, seed: int = SEED, out: Callable[[str], Any] 
         logging.getLogger(name).setLevel(logging.WARNING)
 
     server = None
+    api_base = os.environ.get("SKYNET_DEMO_API_BASE", "").strip() or None
+    threads = int(os.environ.get("SKYNET_DEMO_CONCURRENCY") or (1 if api_base else DEFAULT_CONCURRENCY))
     if os.environ.get("SKYNET_DEMO_MODEL", "").strip():
-        task_lm, reflection_lm, where = _models(os.environ.get("SKYNET_DEMO_API_BASE") or None)
+        task_lm, reflection_lm, where = _models(api_base)
     else:
         server = scripted_server()
         # Any key string will do for the loopback server; a real provider's key is never needed here.
@@ -146,16 +161,16 @@ def main(budget: int | None = None, seed: int = SEED, out: Callable[[str], Any] 
         reflection_lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key="local-demo", cache=False)
         where = f"the scripted model server at {server.url} (set SKYNET_DEMO_MODEL to use a real model)"
     try:
-        return _run(task_lm, reflection_lm, where, budget, seed, out, server)
+        return _run(task_lm, reflection_lm, where, budget, seed, out, server, threads)
     finally:
         if server is not None:
             server.stop()
 
 
 def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed: int,
-         out: Callable[[str], Any], server: Any) -> DemoResult:
+         out: Callable[[str], Any], server: Any, threads: int = DEFAULT_CONCURRENCY) -> DemoResult:
     train, val = load_split("train"), load_split("val")
-    out(f"Model: {where}")
+    out(f"Model: {where}, {threads} request(s) at a time")
     out(f"Data: {len(train)} training and {len(val)} validation tickets\n")
 
     with CASES.open(encoding="utf-8") as handle:
@@ -171,7 +186,7 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
         output_fields="label",
         max_metric_calls=budget,
         seed=seed,
-        num_threads=4,
+        num_threads=threads,
         track_stats=True,  # keeps every candidate's scores in .detailed_results
         # With a budget this small, keep refining the best candidate rather than exploring the Pareto front.
         candidate_selection_strategy="current_best",
@@ -180,13 +195,13 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
     program = make_program()
     with dspy.context(lm=task_lm):
         _warm_up(program, train[0], where)
-        baseline = _evaluate(program, val, metric)
+        baseline = _evaluate(program, val, metric, threads)
         out(f"\nBaseline on validation:  {baseline.describe()}")
         out(f"Running GEPA (max_metric_calls={budget}, seed={seed}) ...")
         # Progress bars (DSPy's per batch on stdout, GEPA's on stderr) would bury the summary.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             optimized_program = optimizer.compile(program, trainset=train, valset=val)
-        optimized = _evaluate(optimized_program, val, metric)
+        optimized = _evaluate(optimized_program, val, metric, threads)
         out(f"Optimized on validation: {optimized.describe()}")
 
         details = optimized_program.detailed_results
@@ -198,9 +213,10 @@ def _run(task_lm: dspy.LM, reflection_lm: dspy.LM, where: str, budget: int, seed
         optimization = skynet_dspy.report(optimizer)  # what GEPA found, and what the run cost
         out(f"\n{optimization.receipt}")
 
-        judge = skynet_dspy.load_metric(JUDGE_METRIC, reflection_lm=reflection_lm, output_fields="label")
-        judge_baseline = _judge_score(program, val, judge)
-        judge_optimized = _judge_score(optimized_program, val, judge)
+        judge = skynet_dspy.load_metric(JUDGE_METRIC, reflection_lm=reflection_lm, output_fields="label",
+                                        judge_max_concurrency=threads)
+        judge_baseline = _judge_score(program, val, judge, threads)
+        judge_optimized = _judge_score(optimized_program, val, judge, threads)
     out(f"\nJudge (second opinion via skynet.llm): baseline {judge_baseline:.0%}, optimized {judge_optimized:.0%}")
     out(f"Judge usage: {_describe_usage(judge.judge_usage)}")
     out(f"GEPA's metric: {metric.stats['calls']} score() calls, {metric.stats['memo_hits']} answered from memory "

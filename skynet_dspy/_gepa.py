@@ -59,8 +59,17 @@ def split_row(
 ) -> dict[str, Any]:
     """Split a flat row into an example by column roles: {"input": {...}, "expected": {...} | None}.
 
-    `inputs` name the columns `run` gets; `outputs` the label columns the metric gets as `expected`
-    (none: `expected` is None). A column named but absent from the row is a ValueError.
+    Args:
+        row: The row, a dict of columns.
+        inputs: The columns `run` gets (one name or a list).
+        outputs: The label columns the metric gets as `expected` (None: `expected` is None).
+
+    Returns:
+        The example, {"input": {...}, "expected": {...} | None}, its values copied.
+
+    Raises:
+        ValueError: A column named but absent from the row, or named in both roles.
+        TypeError: The row is not a dict.
     """
     if not isinstance(row, Mapping):
         raise TypeError(f"split_row() takes a row as a dict of columns, got {type(row).__name__}")

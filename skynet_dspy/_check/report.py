@@ -33,7 +33,13 @@ class Role(StrEnum):
 
 @dataclass(frozen=True)
 class CheckItem:
-    """One line of the report: an item of the contract, its status and why."""
+    """One line of the report: an item of the contract, its status and why.
+
+    Attributes:
+        name: The contract item (docs/contract.md#names).
+        status: Passed, failed, a warning, or not run.
+        message: Why, in a sentence.
+    """
 
     name: str
     status: Status
@@ -97,7 +103,17 @@ def _cases(count: int) -> str:
 
 @dataclass
 class ContractReport:
-    """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`."""
+    """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`.
+
+    Attributes:
+        metric: The metric checked, as the user named it.
+        items: One CheckItem per contract item.
+        cases: The cases run, with their calls' results.
+        calls: Every call made, in order.
+        not_run: Cases left out by max_cases.
+        stopped: Cases not run because a call did not return in time.
+        run_all_hint: How to run every case (max_cases=None; --all on the command line).
+    """
 
     metric: str
     items: list[CheckItem] = field(default_factory=list)

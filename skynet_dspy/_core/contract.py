@@ -90,8 +90,15 @@ def validate_return(value: Any, *, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT)
 
     The rules: docs/contract.md#return-value.
 
-    Raises ContractViolation (a ValueError) naming the broken rule. The feedback is redacted and cut
-    to `feedback_limit` characters with a note saying so.
+    Args:
+        value: What `score` returned, e.g. (0.5, {"feedback": "...", "scores": {...}}).
+        feedback_limit: Characters of feedback kept: longer is cut, with a note saying so (it is redacted too).
+
+    Returns:
+        The Result the return value makes.
+
+    Raises:
+        ContractViolation: A ValueError naming the broken rule.
     """
     feedback_limit = check_feedback_limit(feedback_limit)
     result = check_return(value, feedback_limit + CUT_MARGIN)

@@ -52,10 +52,16 @@ class Item(StrEnum):
 class Result:
     """One metric call, validated: what the optimizer may see (score, feedback, scores) and the rest.
 
-    `extra` holds side-information keys other than feedback/scores and `detail` the full message of a
-    failure: both are kept for the user and never shown to an optimizer. `failure` is None on success.
-    `observation` is the program's measured run the call was given (None when it was not measured),
-    kept for results tables and receipts; it never reaches an optimizer either.
+    Attributes:
+        score: The score (the failure score for a failed call).
+        feedback: The feedback text, what an optimizer's reflection model reads.
+        scores: The named scores, when the metric gave them (GEPA's objectives).
+        extra: Side-information keys other than feedback and scores: kept for the user, never shown to an
+            optimizer.
+        failure: How the call failed; None on success.
+        detail: The full message of a failure, never shown to an optimizer.
+        observation: The program's measured run the call was given (None when it was not measured), for
+            results tables and receipts; it never reaches an optimizer either.
     """
 
     score: float
@@ -224,7 +230,17 @@ class JudgeUsage:
 
 @dataclass(frozen=True, slots=True)
 class MetricInfo:
-    """What loading a metric found out about it, in plain values (it crosses from a worker process)."""
+    """What loading a metric found out about it, in plain values (`metric.info`; it crosses from a worker process).
+
+    Attributes:
+        name: For messages and result columns: the file's stem, or the function's name.
+        label: The source as the user gave it: a path, a module name, a function's qualified name.
+        takes_expected: Whether it is score(input, output, expected) rather than score(input, output).
+        reward_spec: The metric's REWARD_SPEC, when it defines one.
+        uses_measurement: Whether its code refers to reward, observation or service_cost.
+        file: The metric's source file, when it has one.
+        hint: Advice about the signature (e.g. a DSPy-style score(example, pred, trace)).
+    """
 
     name: str  # for messages and result columns: the file's stem, or the function's name
     label: str  # the source as the user gave it: a path, a module name, a function's qualified name

@@ -46,6 +46,11 @@ class Score(dspy.Prediction, float):
     score is above zero, or at or above the metric's `success_threshold` when one is set. The full Result
     (extra side-information keys, the failure's detail) is on
     `.result`, and the output the metric was given on `.output`, never among the fields DSPy reads.
+
+    Args:
+        result: The Result of the call (or, as dspy.Prediction is built, a score to rebuild one from).
+        base: A Score or dspy.Example whose fields it is rebuilt from (dspy.Prediction's copy protocol).
+        **fields: Prediction fields to rebuild from: score, feedback, objective_scores.
     """
 
     _result: Result

@@ -82,7 +82,16 @@ def _register_all(value: Any) -> None:
 
 
 class Endpoint:
-    """One model: a LiteLLM model string, its settings (without the key) and its key, for one role."""
+    """One model: a LiteLLM model string, its settings (without the key) and its key, for one role.
+
+    What `judge.metric_lm` and `judge.reflection_lm` give; its repr and settings never show the key.
+
+    Args:
+        model: The LiteLLM model string, e.g. "openai/gpt-4o-mini".
+        settings: LiteLLM settings (api_base, temperature, ...); an api_key among them is kept apart.
+        role: What the model is for, in messages ("metric model", "reflection model").
+        api_key: The key, kept out of every repr.
+    """
 
     __slots__ = ("model", "settings", "role", "_api_key")
 

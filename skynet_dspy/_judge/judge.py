@@ -63,10 +63,21 @@ def response_usage(response: Any) -> tuple[int, int, float | None]:
 class Judge:
     """Where a metric's llm() calls go: `metric_lm`, else `reflection_lm`, else configure_llm()'s, via LiteLLM.
 
-    `cache` is True (in memory, this object's lifetime), a folder path (on disk, shared across runs
-    and processes), a redis:// URL (shared across machines) or False. Retries cover 408, 429, 5xx and
-    connection errors with exponential backoff; a refused (401/403) or missing key fails at once.
-    `max_cost_usd` caps the measured dollars sent to the model (SpendCapReached once reached).
+    Returned by configure_llm() and `metric.models`. Retries cover 408, 429, 5xx and connection errors with
+    exponential backoff; a refused (401/403) or missing key fails at once.
+
+    Args:
+        metric_lm: The model llm() calls: a LiteLLM model string, a dict of LiteLLM settings or a dspy.LM.
+        reflection_lm: The model llm() calls when no metric_lm is given.
+        cache: True (in memory, this object's lifetime), a folder path (on disk, shared across runs and
+            processes), a redis:// URL (shared across machines) or False.
+        cache_size: The most bytes a disk cache keeps (None: 1 GiB).
+        timeout: Seconds one request may take.
+        max_retries: Retries of a request that failed with 408, 429, 5xx or a connection error.
+        retry_base_delay: Seconds before the first retry (doubling after each).
+        max_cost_usd: Caps the measured dollars sent to the model (SpendCapReached once reached).
+        max_concurrency: At most N requests in flight at once (None: no limit).
+        rpm: At most R requests started a minute, spread evenly (None: no limit).
     """
 
     def __init__(

@@ -12,32 +12,48 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
 from .extras import require
+
+if TYPE_CHECKING:
+    import dspy
+    from dspy.evaluate import EvaluationResult
+    from gepa.core.result import GEPAResult
+
+    from .._check import ContractReport
+    from .._dspy.metric import Metric
+    from .report import OptimizationReport
 
 ARTIFACTS = "skynet"  # the artifact folder everything is logged under
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-. :/]")
 
 
 def log_to_mlflow(
-    evaluation: Any = None,
+    evaluation: EvaluationResult | None = None,
     *,
-    metric: Any = None,
-    report: Any = None,
-    contract: Any = None,
+    metric: Metric | None = None,
+    report: OptimizationReport | dspy.GEPA | dspy.Module | GEPAResult | None = None,
+    contract: ContractReport | None = None,
     run_id: str | None = None,
     include_expected: bool = False,
 ) -> str:
     """Log results on an MLflow run and return its run id.
 
-    `evaluation`: what dspy.Evaluate returned (metrics `score`, `scores/NAME`, `failures`, `failures/KIND`; the
-    table `skynet/results.json` and `skynet/results.csv`). `metric`: a loaded Metric, for its judge usage
-    (`judge/calls`, `judge/cache_hits`, `judge/tokens`, `judge/cost_usd`, `judge/seconds`). `report`: an
-    OptimizationReport or what skynet_dspy.report() takes (`report/...` and `receipt/...` metrics;
-    `skynet/report.txt`, `.json`, `candidates.png`). `contract`: a ContractReport (`contract/ok`;
-    `skynet/contract.txt`, `.json`). The run is `run_id`, else the active run, else a new run (ended after).
+    Args:
+        evaluation: What dspy.Evaluate returned (metrics `score`, `scores/NAME`, `failures`, `failures/KIND`;
+            the table `skynet/results.json` and `skynet/results.csv`).
+        metric: A loaded Metric, for its judge usage (`judge/calls`, `judge/cache_hits`, `judge/tokens`,
+            `judge/cost_usd`, `judge/seconds`).
+        report: An OptimizationReport or what skynet_dspy.report() takes (`report/...` and `receipt/...`
+            metrics; `skynet/report.txt`, `.json`, `candidates.png`).
+        contract: A ContractReport (`contract/ok`; `skynet/contract.txt`, `.json`).
+        run_id: The MLflow run to log on; None: the active run, else a new run (ended after).
+        include_expected: Log the expected values in the results table too.
+
+    Returns:
+        The run's id.
     """
     mlflow = require("mlflow", "mlflow", "skynet_dspy.log_to_mlflow()")
     if evaluation is None and metric is None and report is None and contract is None:

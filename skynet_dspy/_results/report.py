@@ -201,8 +201,15 @@ def _diff_line(line: str) -> str:
 
 
 def report(run: dspy.GEPA | dspy.Module | GEPAResult) -> OptimizationReport:
-    """The report of a GEPA run: `run` is the dspy.GEPA skynet_dspy.gepa() built (after compile), the program
-    its compile returned, or the GEPAResult skynet_dspy.optimize_anything() returned."""
+    """The report of a GEPA run: its candidates, the best one, and what the run cost.
+
+    Args:
+        run: The dspy.GEPA skynet_dspy.gepa() built (after compile), the program its compile returned, or the
+            GEPAResult skynet_dspy.optimize_anything() returned.
+
+    Returns:
+        The OptimizationReport (`str()` of it is the text report; in Jupyter it renders as HTML).
+    """
     results, record, source = _sources(run)
     receipt = CostReceipt.from_record(record) if record is not None else None
     notes = () if record is not None else (

@@ -86,11 +86,12 @@ def require_ray() -> ModuleType:
 class RayCluster:
     """Where isolation="ray" runs the metric: `load_metric(..., isolation=skynet_dspy.RayCluster(...))`.
 
-    `address`: the cluster (as `ray.init(address=...)` takes it); None uses the Ray this process is already
-    connected to, else RAY_ADDRESS, else a local Ray started by the package (and stopped at close()).
-    `workers_per_node`: metric worker processes on each node (calls in flight there); None: the node's CPUs.
-    `runtime_env`: Ray's runtime_env for the node hosts (pip, env_vars, ...); the metric's folder is added as
-    its working_dir when it has none. A credential in it is refused: keys stay on the driver.
+    Args:
+        address: The cluster (as `ray.init(address=...)` takes it); None uses the Ray this process is already
+            connected to, else RAY_ADDRESS, else a local Ray started by the package (and stopped at close()).
+        workers_per_node: Metric worker processes on each node (calls in flight there); None: the node's CPUs.
+        runtime_env: Ray's runtime_env for the node hosts (pip, env_vars, ...); the metric's folder is added as
+            its working_dir when it has none. A credential in it is refused: keys stay on the driver.
     """
 
     address: str | None = None

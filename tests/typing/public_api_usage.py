@@ -40,6 +40,14 @@ def use_the_api() -> None:
     assert_type(report.ok, bool)
     assert_type(skynet_dspy.load_metric(score, isolation="thread"), skynet_dspy.Metric)
     assert_type(skynet_dspy.split_row({"q": "x", "a": "y"}, inputs=["q"], outputs=["a"]), dict[str, Any])
+    assert_type(metric.info, skynet_dspy.MetricInfo)
+    assert_type(metric.models, skynet_dspy.Judge)
+    assert_type(metric.models.metric_lm, skynet_dspy.Endpoint | None)
+    assert_type(skynet_dspy.configure_llm("openai/gpt-4o-mini", max_concurrency=2, rpm=60), skynet_dspy.Judge)
+    options: skynet_dspy.MetricOptions = {"timeout": 5.0, "isolation": "thread", "output_fields": "label"}
+    assert_type(skynet_dspy.load_metric("examples/metric.py", **options), skynet_dspy.Metric)
+    with skynet_dspy.make_evaluator(lambda artifact, input: artifact, "examples/metric.py", timeout=5.0) as evaluator:
+        assert_type(evaluator, skynet_dspy.Evaluator)
     try:
         skynet_dspy.load_metric("missing.py")
     except skynet_dspy.MetricLoadError as error:

@@ -21,6 +21,7 @@ from .cases import CASES_CHECKED, Case, DataError, cases, parse_case, read_jsonl
 from .items import STOPPING, all_items
 from .report import Call as Call
 from .report import CaseRun, CheckItem, ContractReport, Role
+from .trust import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT, HumanScores, Trust
 
 __all__ = [
     "CASES_CHECKED",
@@ -43,6 +44,10 @@ def check_contract(
     max_cases: int | None = CASES_CHECKED,
     inputs: Sequence[str] | None = None,
     progress: Progress | None = None,
+    repeat: int = 1,
+    max_spread: float = DEFAULT_MAX_SPREAD,
+    human: HumanScores | None = None,
+    min_agreement: float = DEFAULT_MIN_AGREEMENT,
     **options: Any,
 ) -> ContractReport:
     """Run the metric on the first `max_cases` examples (3; None: all) and report every contract item.
@@ -51,6 +56,13 @@ def check_contract(
     "output": ..., "expected": {...} | None}, or flat rows when `inputs` names the input fields. When a case
     has no output, its expected values serve as the output. Options are load_metric's (timeout=60 s, at most
     600; isolation="process"). `progress(done, planned)` is called after each call.
+
+    `repeat=N` scores each case's own output N times, asking the judge again each time (its cache left out; the
+    cost is logged before the repeats run; max_judge_cost_usd= still holds), and adds "Scores are stable": it warns
+    when a case's score or a named score varies by more than `max_spread`. `human=` (a JSONL file, or one
+    person's score per example, in order: a number, None, or {"score": ..., "scores": {...}}) adds "Agrees with
+    people": Spearman, Cohen's kappa and mean absolute difference per score, warning below `min_agreement`.
+    The figures are on the report (`.stability`, `.agreement`, `.to_dict()`); docs/trustworthy.md.
     """
     from .._dspy.metric import Metric, load_metric, reject_options_for_loaded
 
@@ -59,14 +71,16 @@ def check_contract(
         reject_options_for_loaded("check_contract()", source, options)
     if max_cases is not None:
         whole_number("max_cases", max_cases, minimum=1, unit="cases")
+    trust = Trust(repeat, max_spread, human, min_agreement)
     checked = cases(examples, max_cases, inputs)
+    trust.check_cases(examples, checked)
     report = ContractReport(source.info.label if given_metric else _source_name(source))
     if isinstance(examples, Sized):  # a generator is never read past the cases checked
         report.not_run = max(0, len(examples) - len(checked))
     try:
         metric = source if given_metric else load_metric(source, **{"measure": False, **options})
     except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
-        _add_load_failure(report, exc)
+        _add_load_failure(report, exc, trust.items)
         return report
     try:
         info = metric.info
@@ -77,6 +91,7 @@ def check_contract(
         report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))
         if info.reward_spec is not None:
             report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
+        before = metric.judge_usage
         with _adapter_warnings_silenced():
             _run_calls(metric, checked, report, progress)
         report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
@@ -84,6 +99,7 @@ def check_contract(
                                       metric.failure_score))
         if not report.calls:
             _nothing_to_score(report, checked, metric.output_fields)
+        trust.add_items(metric, report, before, progress, _adapter_warnings_silenced)
     finally:
         if not given_metric:
             metric.close()
@@ -116,15 +132,15 @@ def _source_name(source: Any) -> str:
     return getattr(source, "__file__", None) or getattr(source, "__qualname__", None) or shorten(source, 80)
 
 
-def _add_load_failure(report: ContractReport, exc: BaseException) -> None:
+def _add_load_failure(report: ContractReport, exc: BaseException, asked: Sequence[Item] = ()) -> None:
     failed_at = getattr(exc, "item", Item.LOADS)  # MetricLoadError and RewardSpecError name theirs
     reached = False
     for name in Item:
         if name is failed_at:
             report.items.append(CheckItem(name, Status.FAILED, str(exc)))
             reached = True
-        elif name is Item.REWARD_SPEC:
-            continue  # only shown when the metric defines REWARD_SPEC, which is unknown here
+        elif name is Item.REWARD_SPEC or name in (Item.STABLE, Item.AGREES) and name not in asked:
+            continue  # only shown when the metric defines REWARD_SPEC (unknown here), or when asked for
         elif not reached:
             message = f"loaded {report.metric}" if name is Item.LOADS else "ok"
             report.items.append(CheckItem(name, Status.PASSED, message))

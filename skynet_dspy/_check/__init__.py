@@ -25,6 +25,8 @@ from .trust import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT, HumanScores, Trust
 
 __all__ = [
     "CASES_CHECKED",
+    "DEFAULT_MAX_SPREAD",
+    "DEFAULT_MIN_AGREEMENT",
     "CaseRun",
     "CheckItem",
     "ContractReport",

@@ -86,6 +86,7 @@ class Agreement:
     min_agreement: float
     figures: list[Figures] = field(default_factory=list)
     disagreements: list[Disagreement] = field(default_factory=list)
+    labels: list[HumanLabel | None] = field(default_factory=list)  # the person's, one per case checked
     labelled: int = 0  # cases checked that carry a person's score
     skipped: int = 0  # of those, cases whose call failed: not compared
 
@@ -93,6 +94,13 @@ class Agreement:
     def low(self) -> list[Figures]:
         """The scores whose agreement is below min_agreement, or cannot be measured."""
         return [f for f in self.figures if f.agreement is None or f.agreement < self.min_agreement]
+
+    def columns(self, case: int) -> dict[str, Any]:
+        """A case's person's scores as results_frame() columns."""
+        label = self.labels[case - 1] if case <= len(self.labels) else None
+        if label is None:
+            return {"human_score": None}
+        return {"human_score": label.score, **{f"human.{name}": value for name, value in label.scores.items()}}
 
     def lines(self) -> list[str]:
         """The report's section on agreement, as text lines."""
@@ -207,7 +215,7 @@ def check_min_agreement(value: Any) -> float:
 
 def agreement(runs: list[CaseRun], labels: list[HumanLabel | None], min_agreement: float) -> Agreement:
     """The metric's score on each case's own output (its first run) beside the person's, per score name."""
-    found = Agreement(min_agreement)
+    found = Agreement(min_agreement, labels=labels[:len(runs)])
     pairs: dict[str, list[Disagreement]] = {}
     for number, (run, label) in enumerate(zip(runs, labels, strict=False), 1):
         if label is None:

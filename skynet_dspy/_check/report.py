@@ -72,6 +72,18 @@ class CaseRun:
 
 
 @dataclass(frozen=True)
+class CaseRow:
+    """One case as results_frame() shows a report: its own output's result, and the columns repeat= and human=
+    add (runs, score_min, score_max, spread, verdict_changed; human_score, human.NAME)."""
+
+    input: dict[str, Any]
+    output: Any
+    expected: dict[str, Any] | None
+    result: Result
+    columns: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Call:
     """One call of `score` made by the check."""
 
@@ -118,6 +130,19 @@ class ContractReport:
     run_all_hint: str = "max_cases=None runs every case"  # the CLI says "--all runs every case"
     stability: Stability | None = None  # with repeat=: each case's spread over its runs (stability.py)
     agreement: Agreement | None = None  # with human=: agreement with a person's scores (agreement.py)
+
+    def case_rows(self) -> list[CaseRow]:
+        """Each case scored, with its figures from repeat= and human=: what results_frame(report) shows."""
+        rows = []
+        for number, run in enumerate(self.cases, 1):
+            if run.own is None:
+                continue
+            columns = {}
+            for section in (self.stability, self.agreement):
+                if section is not None:
+                    columns.update(section.columns(number))
+            rows.append(CaseRow(run.input, run.output, run.expected, run.own, columns))
+        return rows
 
     @property
     def _sections(self) -> list[list[str]]:

@@ -115,6 +115,14 @@ class Stability:
         """The share of cases whose verdict changed between runs (None with no case run)."""
         return sum(case.verdict_changed for case in self.cases) / len(self.cases) if self.cases else None
 
+    def columns(self, case: int) -> dict[str, Any]:
+        """A case's figures as results_frame() columns."""
+        for found in self.cases:
+            if found.case == case:
+                return {"runs": len(found.results), "score_min": found.score.min, "score_max": found.score.max,
+                        "spread": found.spread, "verdict_changed": found.verdict_changed}
+        return {"runs": None}
+
     def lines(self) -> list[str]:
         """The report's section on stability, as text lines."""
         head = f"Stability ({self.runs} runs per case, max_spread {self.max_spread:g}):"

@@ -131,3 +131,18 @@ def test_unlabelled_cases_are_left_out_and_few_cases_warn(tmp_path):
 def test_min_agreement_is_checked(tmp_path):
     with pytest.raises(ValueError, match="min_agreement must be from -1 to 1"):
         check_contract(write_metric(tmp_path, AGREEING), CASES, human=PERSON, min_agreement=2)
+
+
+def test_results_frame_shows_repeats_and_human_scores_per_case(tmp_path):
+    from skynet_dspy import results_frame
+
+    report = check_contract(write_metric(tmp_path, AGREEING), CASES, max_cases=None,
+                            human=[*PERSON[:7], None], repeat=2)
+    frame = results_frame(report)
+    assert len(frame) == len(CASES)
+    assert list(frame["score"]) == PERSON
+    assert list(frame["runs"]) == [2] * len(CASES) and list(frame["spread"]) == [0.0] * len(CASES)
+    assert not frame["verdict_changed"].any()
+    assert list(frame["human_score"])[:7] == PERSON[:7] and frame["human_score"].isna().iloc[7]
+    assert list(frame["ticket"]) == [ticket for ticket, _, _ in TICKETS]
+    assert "human_score" in frame._repr_html_()

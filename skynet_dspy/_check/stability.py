@@ -283,7 +283,7 @@ def _estimate(first_pass: JudgeUsage, calls: int, more_calls: int) -> str:
         return f"{head}; the first pass made no llm() request, so the repeats should cost no judge request"
     requests = math.ceil(asked / calls * more_calls)
     if first_pass.calls and first_pass.cost_usd is not None:
-        price = f", about ${first_pass.cost_usd / first_pass.calls * requests:.4f}"
+        price = f", about {dollars(first_pass.cost_usd / first_pass.calls * requests)}"
     else:
         price = " (their price is unknown: the first pass's answers came from the cache or had no price)"
     return (f"{head}, about {requests} judge request(s){price}, estimated from the first pass; a judge spending cap "
@@ -295,5 +295,10 @@ def _range(spread: Spread) -> str:
 
 
 def _dollars(cost: float | None) -> str:
-    return f" (${cost:.4f})" if cost else ""
+    return f" ({dollars(cost)})" if cost else ""
+
+
+def dollars(amount: float) -> str:
+    """'$0.52', or two significant digits below a cent ('$0.000021')."""
+    return f"${amount:.2f}" if amount >= 0.01 else f"${amount:.2g}"
 

@@ -87,34 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spread(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = -1.0
-    if not 0 <= number < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a spread of scores, 0 or more (e.g. 0.1)")
-    return number
+def _number(what: str, valid: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a number for which `valid` holds, else an error saying the text is not `what`."""
+
+    def parse(text: str) -> float:
+        try:
+            number = float(text)
+        except ValueError:
+            number = float("nan")  # fails every comparison, so `valid` refuses it
+        if not valid(number):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return number
+
+    return parse
 
 
-def _agreement(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = 2.0
-    if not -1 <= number <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an agreement from -1 to 1 (e.g. 0.6)")
-    return number
-
-
-def _dollars(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = -1.0
-    if not 0 < number < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an amount of US dollars above 0 (e.g. 0.50)")
-    return number
+_spread = _number("a spread of scores, 0 or more (e.g. 0.1)", lambda x: 0 <= x < float("inf"))
+_agreement = _number("an agreement from -1 to 1 (e.g. 0.6)", lambda x: -1 <= x <= 1)
+_dollars = _number("an amount of US dollars above 0 (e.g. 0.50)", lambda x: 0 < x < float("inf"))
 
 
 def _trust_arguments(check: argparse.ArgumentParser) -> None:

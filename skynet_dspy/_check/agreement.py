@@ -157,7 +157,7 @@ def human_labels(human: Any) -> list[HumanLabel | None]:
 def check_labels(labels: list[HumanLabel | None], examples: Any, cases: list[Case]) -> None:
     """The labels match the cases: one per case (when the cases can be counted), each "input" the case's own."""
     count = len(examples) if isinstance(examples, Sequence) else None
-    if count is not None and len(labels) != count or len(labels) < len(cases):
+    if (count is not None and len(labels) != count) or len(labels) < len(cases):
         given = f"{count} cases" if count is not None else f"at least {len(cases)} cases"
         raise DataError(
             f"human= holds {len(labels)} label(s) for {given}: give one per case, in the cases' order (null, or "

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._core import context
+from .._core import context, secrets
 from .._core.context import LLMHandler
 from .._core.logs import logger
 from .._core.types import Failure, Item, JudgeUsage, Result, Status
@@ -142,7 +142,7 @@ class Stability:
             "estimate": self.estimate,
             "judge_requests": self.judge_requests,
             "judge_cost_usd": self.judge_cost_usd,
-            "stopped": self.stopped,
+            "stopped": None if self.stopped is None else secrets.redact(self.stopped),
             "cases": [
                 {"case": case.case, "score": case.score.to_dict(),
                  "scores": {name: named.to_dict() for name, named in case.scores.items()},

@@ -122,3 +122,13 @@ def test_a_broken_contract_is_not_repeated(tmp_path):
 def test_bad_repeat_options_are_named(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
         check_contract(returning(tmp_path, '(1.0, {"feedback": "ok"})'), CASES, **options)
+
+
+def test_a_metric_that_does_not_load_lists_the_items_asked_for_as_not_run(tmp_path):
+    broken = write_metric(tmp_path, "def score(input, output, expected=None):\n    return (\n")
+    report = check_contract(broken, CASES, repeat=3, human=[1] * len(CASES))
+    assert report.item("Metric loads").status == "failed"
+    assert report.item("Scores are stable").status == "not run"
+    assert report.item("Agrees with people").status == "not run"
+    plain = check_contract(broken, CASES)
+    assert "Scores are stable" not in [item.name for item in plain.items]

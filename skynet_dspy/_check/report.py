@@ -119,7 +119,8 @@ def _cases(count: int) -> str:
 
 @dataclass
 class ContractReport:
-    """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`."""
+    """What check_contract found: `.ok`, `.items` (one per check item), `.cases` and `.calls`; with repeat= and
+    human=, `.stability` and `.agreement` (docs/trustworthy.md)."""
 
     metric: str
     items: list[CheckItem] = field(default_factory=list)

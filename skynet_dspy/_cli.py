@@ -79,11 +79,57 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_metric_arguments(check, "CASES.jsonl")
     how_many = check.add_mutually_exclusive_group()
-    how_many.add_argument("--cases", type=_count, default=3, metavar="N", help="check the first N cases (default 3)")
+    how_many.add_argument("--cases", type=_count, default=None, metavar="N",
+                          help="check the first N cases (default 3; every case with --human)")
     how_many.add_argument("--all", action="store_true", help="check every case")
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
+    _trust_arguments(check)
     _score_parser(commands)
     return parser
+
+
+def _number(what: str, valid: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a number for which `valid` holds, else an error saying the text is not `what`."""
+
+    def parse(text: str) -> float:
+        try:
+            number = float(text)
+        except ValueError:
+            number = float("nan")  # fails every comparison, so `valid` refuses it
+        if not valid(number):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return number
+
+    return parse
+
+
+_spread = _number("a spread of scores, 0 or more (e.g. 0.1)", lambda x: 0 <= x < float("inf"))
+_agreement = _number("an agreement from -1 to 1 (e.g. 0.6)", lambda x: -1 <= x <= 1)
+_dollars = _number("an amount of US dollars above 0 (e.g. 0.50)", lambda x: 0 < x < float("inf"))
+
+
+def _trust_arguments(check: argparse.ArgumentParser) -> None:
+    """check's flags on whether the metric can be trusted: --repeat (stability), --human (agreement); docs/cli.md."""
+    from ._check import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
+
+    check.add_argument(
+        "--repeat", type=_at_least_one("runs"), default=1, metavar="N",
+        help="score each case N times, asking the judge again each time (its cache left out; the cost is shown "
+        "first), and report how much the scores vary",
+    )
+    check.add_argument("--max-spread", type=_spread, default=DEFAULT_MAX_SPREAD, metavar="X",
+                       help=f"with --repeat: warn when a case's scores vary by more than X (default "
+                       f"{DEFAULT_MAX_SPREAD:g})")
+    check.add_argument(
+        "--human", type=Path, default=None, metavar="LABELS.jsonl",
+        help='a person\'s score for each case of --data, one line per case in the same order: a number, null, or '
+        '{"score": 1, "scores": {...}}; reports the agreement between metric and person',
+    )
+    check.add_argument("--min-agreement", type=_agreement, default=DEFAULT_MIN_AGREEMENT, metavar="X",
+                       help=f"with --human: warn when kappa (or Spearman's rho) is below X (default "
+                       f"{DEFAULT_MIN_AGREEMENT:g})")
+    check.add_argument("--max-judge-cost-usd", type=_dollars, default=None, metavar="USD",
+                       help="stop sending llm() requests once the judge has cost this much (a cap the repeats keep)")
 
 
 def _threads(text: str) -> int:
@@ -160,10 +206,12 @@ def _check(args: argparse.Namespace) -> int:
     rows = read_jsonl(args.data, args.inputs)
     progress = _progress("skynet-dspy check", "calls") if not args.json else None
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the report
+        # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show
+        with contextlib.redirect_stdout(sys.stderr), _warnings_shown(progress):
             report = check_contract(
-                args.metric, rows, max_cases=None if args.all else args.cases, inputs=args.inputs,
-                progress=progress, **options,
+                args.metric, rows, max_cases=_max_cases(args), inputs=args.inputs, progress=progress,
+                repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
+                **options,
             )
     finally:
         if progress is not None:
@@ -171,6 +219,36 @@ def _check(args: argparse.Namespace) -> int:
     report.run_all_hint = "--all runs every case"
     print(report.to_json() if args.json else report)
     return EXIT_OK if report.ok else EXIT_BROKEN
+
+
+@contextlib.contextmanager
+def _warnings_shown(progress: Any) -> Any:
+    """The package's warnings on stderr while the check runs, each on a line of its own (below the progress bar,
+    when one is drawn), whatever logging the process set up."""
+    import logging
+
+    from ._core.logs import logger
+
+    class Shown(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            above = "\n" if progress is not None and progress.enabled else ""
+            sys.stderr.write(f"{above}{for_terminal(record.getMessage())}\n")
+
+    handler = Shown(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _max_cases(args: argparse.Namespace) -> int | None:
+    """--cases N, --all, or the default: 3 cases, or every case when --human labels them."""
+    if args.all:
+        return None
+    if args.cases is not None:
+        return int(args.cases)
+    return None if args.human is not None else 3
 
 
 def _metric_options(args: argparse.Namespace) -> MetricOptions:
@@ -191,6 +269,8 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
         options["judge_max_concurrency"] = args.judge_max_concurrency
     if args.judge_rpm is not None:
         options["judge_rpm"] = args.judge_rpm
+    if getattr(args, "max_judge_cost_usd", None) is not None:  # check's flag
+        options["max_judge_cost_usd"] = args.max_judge_cost_usd
     return options
 
 

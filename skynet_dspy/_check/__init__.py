@@ -23,12 +23,15 @@ from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
 from .items import STOPPING, all_items
 from .report import Call as Call
 from .report import CaseRun, CheckItem, ContractReport, Role
+from .trust import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT, HumanScores, Trust
 
 if TYPE_CHECKING:
     from .._dspy.metric import Metric
 
 __all__ = [
     "CASES_CHECKED",
+    "DEFAULT_MAX_SPREAD",
+    "DEFAULT_MIN_AGREEMENT",
     "CaseRun",
     "CheckItem",
     "ContractReport",
@@ -48,6 +51,10 @@ def check_contract(
     max_cases: int | None = CASES_CHECKED,
     inputs: Sequence[str] | None = None,
     progress: Progress | None = None,
+    repeat: int = 1,
+    max_spread: float = DEFAULT_MAX_SPREAD,
+    human: HumanScores | None = None,
+    min_agreement: float = DEFAULT_MIN_AGREEMENT,
     **options: Unpack[MetricOptions],
 ) -> ContractReport:
     """Run the metric on the first `max_cases` examples and report every contract item.
@@ -62,10 +69,19 @@ def check_contract(
         max_cases: How many examples to run (None: all).
         inputs: The input fields of flat rows (every other key is an expected value).
         progress: Called as progress(done, planned) after each call.
+        repeat: Score each case's own output this many times, asking the judge again each time (its cache left
+            out; the cost is logged before the repeats run; max_judge_cost_usd still holds), and add the item
+            "Scores are stable" (docs/trustworthy.md).
+        max_spread: "Scores are stable" warns when a case's score or a named score varies by more than this.
+        human: A JSONL file, or one person's score per example in order (a number, None, or
+            {"score": ..., "scores": {...}}): adds "Agrees with people" (Spearman, Cohen's kappa, mean absolute
+            difference per score).
+        min_agreement: "Agrees with people" warns below this agreement.
         **options: `MetricOptions` for load_metric (timeout, isolation, output_fields, ...).
 
     Returns:
-        The ContractReport: `.ok`, and one CheckItem per contract item.
+        The ContractReport: `.ok`, one CheckItem per contract item; with repeat/human, `.stability` and
+        `.agreement`.
 
     Raises:
         TypeError: An unknown option, or options beside a Metric already loaded.
@@ -79,14 +95,16 @@ def check_contract(
     check_names("check_contract()", options, MetricOptions)
     if max_cases is not None:
         whole_number("max_cases", max_cases, minimum=1, unit="cases")
+    trust = Trust(repeat, max_spread, human, min_agreement)
     checked = cases(examples, max_cases, inputs)
+    trust.check_cases(examples, checked)
     report = ContractReport(source.info.label if isinstance(source, Metric) else _source_name(source))
     if isinstance(examples, Sized):  # a generator is never read past the cases checked
         report.not_run = max(0, len(examples) - len(checked))
     try:
         metric = source if isinstance(source, Metric) else load_metric(source, **_unmeasured(options))
     except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
-        _add_load_failure(report, exc)
+        _add_load_failure(report, exc, trust.items)
         return report
     try:
         info = metric.info
@@ -97,6 +115,7 @@ def check_contract(
         report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))
         if info.reward_spec is not None:
             report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
+        before = metric.judge_usage
         with _adapter_warnings_silenced():
             _run_calls(metric, checked, report, progress)
         report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
@@ -104,6 +123,7 @@ def check_contract(
                                       metric.failure_score))
         if not report.calls:
             _nothing_to_score(report, checked, metric.output_fields)
+        trust.add_items(metric, report, before, progress, _adapter_warnings_silenced)
     finally:
         if not given_metric:
             metric.close()
@@ -141,15 +161,15 @@ def _source_name(source: Any) -> str:
     return getattr(source, "__file__", None) or getattr(source, "__qualname__", None) or shorten(source, 80)
 
 
-def _add_load_failure(report: ContractReport, exc: BaseException) -> None:
+def _add_load_failure(report: ContractReport, exc: BaseException, asked: Sequence[Item] = ()) -> None:
     failed_at = getattr(exc, "item", Item.LOADS)  # MetricLoadError and RewardSpecError name theirs
     reached = False
     for name in Item:
         if name is failed_at:
             report.items.append(CheckItem(name, Status.FAILED, str(exc)))
             reached = True
-        elif name is Item.REWARD_SPEC:
-            continue  # only shown when the metric defines REWARD_SPEC, which is unknown here
+        elif name is Item.REWARD_SPEC or name in (Item.STABLE, Item.AGREES) and name not in asked:
+            continue  # only shown when the metric defines REWARD_SPEC (unknown here), or when asked for
         elif not reached:
             message = f"loaded {report.metric}" if name is Item.LOADS else "ok"
             report.items.append(CheckItem(name, Status.PASSED, message))

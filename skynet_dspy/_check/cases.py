@@ -122,47 +122,9 @@ def cases(
 
 
 def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The rows of a JSONL file, each checked as a case; a DataError naming the file and line otherwise.
-
-    Lines end at '\\n' only (a string may hold U+2028). A FIFO, a device or an endless file is refused,
-    and so is JSON nested too deeply to read.
-    """
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise DataError(f"data file not found: {path}") from None
-    except OSError as exc:
-        raise DataError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise DataError(f"the data file {path} is a folder; give the path of a .jsonl file")
-    if not stat.S_ISREG(info.st_mode):
-        raise DataError(f"the data file {path} is not a regular file (a pipe or a device); save the cases to a file")
-    if info.st_size > MAX_DATA_BYTES:
-        raise DataError(f"the data file {path} is over {MAX_DATA_BYTES // 2**20} MB; split it")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_DATA_BYTES + 1)
-    except OSError as exc:
-        raise DataError(f"cannot read the data file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_DATA_BYTES:
-        raise DataError(f"the data file {path} grew past {MAX_DATA_BYTES // 2**20} MB while it was read")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"the data file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    """The rows of a JSONL file, each checked as a case; a DataError naming the file and line otherwise."""
     rows = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object per "
-                'line, like {"input": {...}, "expected": {...}}'
-            ) from None
-        except RecursionError:
-            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
+    for number, row in read_json_lines(path):
         try:
             parse_case(row, inputs)
         except DataError as exc:
@@ -172,4 +134,52 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
         rows.append(row)
     if not rows:
         raise DataError(f"the data file {path} holds no cases; write one JSON object per line")
+    return rows
+
+
+def read_json_lines(
+    path: Path, what: str = "data file", like: str = '{"input": {...}, "expected": {...}}'
+) -> list[tuple[int, Any]]:
+    """(line number, value) for each non-blank line of a JSONL file (the `what`, in messages); a DataError naming
+    the file and line otherwise. A line that is not JSON is shown how to write one `like` this.
+
+    Lines end at '\\n' only (a string may hold U+2028). A FIFO, a device or an endless file is refused,
+    and so is JSON nested too deeply to read.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise DataError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise DataError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise DataError(f"the {what} {path} is a folder; give the path of a .jsonl file")
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"the {what} {path} is not a regular file (a pipe or a device); save it to a file")
+    if info.st_size > MAX_DATA_BYTES:
+        raise DataError(f"the {what} {path} is over {MAX_DATA_BYTES // 2**20} MB; split it")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_DATA_BYTES + 1)
+    except OSError as exc:
+        raise DataError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DATA_BYTES:
+        raise DataError(f"the {what} {path} grew past {MAX_DATA_BYTES // 2**20} MB while it was read")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"the {what} {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    rows = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object per "
+                f"line, like {like}"
+            ) from None
+        except RecursionError:
+            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
     return rows

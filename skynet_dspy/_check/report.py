@@ -10,11 +10,15 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
 from .._core.types import Failure, Item, Result, Status
 from .._core.values import clip
+
+if TYPE_CHECKING:
+    from .agreement import Agreement
+    from .stability import Stability
 
 _WIDTH = 120
 _MARKS = {Status.PASSED: " ok ", Status.FAILED: "FAIL", Status.WARNING: "warn", Status.NOT_RUN: " -- "}
@@ -66,6 +70,24 @@ class CaseRun:
     perfect: Result | None
     contrast: Result | None = None
 
+    @property
+    def own(self) -> Result | None:
+        """The result on the case's own output: its given one, else its expected values (what repeats and human
+        scores are about)."""
+        return self.result if self.result is not None else self.perfect
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """One case as results_frame() shows a report: its own output's result, and the columns repeat= and human=
+    add (runs, score_min, score_max, spread, verdict_changed; human_score, human.NAME)."""
+
+    input: dict[str, Any]
+    output: Any
+    expected: dict[str, Any] | None
+    result: Result
+    columns: dict[str, Any]
+
 
 @dataclass(frozen=True)
 class Call:
@@ -113,6 +135,8 @@ class ContractReport:
         not_run: Cases left out by max_cases.
         stopped: Cases not run because a call did not return in time.
         run_all_hint: How to run every case (max_cases=None; --all on the command line).
+        stability: With repeat=, how much each case's scores varied (docs/trustworthy.md).
+        agreement: With human=, how the metric agrees with people.
     """
 
     metric: str
@@ -122,6 +146,25 @@ class ContractReport:
     not_run: int = 0  # cases given but not checked (beyond the number asked for)
     stopped: int = 0  # cases among those asked for that were not run: a call did not return in time
     run_all_hint: str = "max_cases=None runs every case"  # the CLI says "--all runs every case"
+    stability: Stability | None = None  # with repeat=: each case's spread over its runs (stability.py)
+    agreement: Agreement | None = None  # with human=: agreement with a person's scores (agreement.py)
+
+    def case_rows(self) -> list[CaseRow]:
+        """Each case scored, with its figures from repeat= and human=: what results_frame(report) shows."""
+        rows = []
+        for number, run in enumerate(self.cases, 1):
+            if run.own is None:
+                continue
+            columns = {}
+            for section in (self.stability, self.agreement):
+                if section is not None:
+                    columns.update(section.columns(number))
+            rows.append(CaseRow(run.input, run.output, run.expected, run.own, columns))
+        return rows
+
+    @property
+    def _sections(self) -> list[list[str]]:
+        return [section.lines() for section in (self.stability, self.agreement) if section is not None]
 
     @property
     def ok(self) -> bool:
@@ -181,6 +224,8 @@ class ContractReport:
                 first, *rest = _feedback_lines(safe_text.for_terminal(secrets.redact(call.result.feedback)), room)
                 lines.append(f"  {call.label.ljust(label_width)}  {shown}  {first}".rstrip())
                 lines.extend(under + line for line in rest)
+        for section in self._sections:
+            lines.extend(["", *section])
         lines.append("")
         lines.append(self.verdict)
         return safe_text.for_terminal(secrets.redact("\n".join(lines)))
@@ -208,6 +253,9 @@ class ContractReport:
             if calls
             else ""
         )
+        calls_table += "".join(
+            f"<pre>{safe_text.for_html(secrets.redact(chr(10).join(section)))}</pre>" for section in self._sections
+        )
         color = _COLORS[Status.FAILED] if not self.ok else _COLORS[Status.PASSED]
         return (
             f"<div><p><b>{safe_text.for_html(secrets.redact(self.heading))}</b>: "
@@ -233,6 +281,8 @@ class ContractReport:
                  "feedback": secrets.redact(call.result.feedback), "seconds": round(call.seconds, 4)}
                 for call in self.calls
             ],
+            **({"stability": self.stability.to_dict()} if self.stability is not None else {}),
+            **({"agreement": self.agreement.to_dict()} if self.agreement is not None else {}),
         })
         return data
 

@@ -227,6 +227,24 @@ def judging() -> Iterator[None]:
         _judging.reset(token)
 
 
+_fresh: ContextVar[bool] = ContextVar("skynet_fresh_answers", default=False)
+
+
+@contextmanager
+def fresh_answers() -> Iterator[None]:
+    """Within this block, llm() asks its model again: the judge's cache is neither read nor written (the contract
+    check's repeats, which measure how much the judge's answers vary)."""
+    token = _fresh.set(True)
+    try:
+        yield
+    finally:
+        _fresh.reset(token)
+
+
+def wants_fresh_answers() -> bool:
+    return _fresh.get()
+
+
 def is_judging() -> bool:
     """True inside judging(), or inside a metric call (whatever a metric calls is not the program's run)."""
     return _judging.get() or _current.get() is not None

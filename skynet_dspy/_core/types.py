@@ -46,6 +46,8 @@ class Item(StrEnum):
     TIMEOUT = "Metric timeout"
     NAMED_SCORES = "Named scores"
     PERFECT_OUTPUT = "Perfect output scores highest"
+    STABLE = "Scores are stable"  # only with repeat= (docs/trustworthy.md)
+    AGREES = "Agrees with people"  # only with human=
 
 
 @dataclass(frozen=True, slots=True, repr=False)

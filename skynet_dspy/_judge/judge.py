@@ -203,7 +203,7 @@ class Judge:
             messages = [{"role": "system", "content": instructions}, {"role": "user", "content": input}]
         settings = {key: value for key, value in overrides.items() if value is not None}
         request = {**target.litellm_kwargs(), "messages": messages, **settings}
-        if self.cache is None:
+        if self.cache is None or context.wants_fresh_answers():  # the check's repeats: ask the model again
             return self._send(target, request, cancelled)
         key = request_key(request)
         while True:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 def results_frame(evaluation: EvaluationResult, *, include_expected: bool = False) -> pd.DataFrame:
     """One row per example of `evaluation` (what `dspy.Evaluate(...)(program)` returns), as a DataFrame.
 
+    Given a ContractReport (check_contract), one row per case scored; with repeat= the columns runs, score_min,
+    score_max, spread and verdict_changed, with human= human_score and human.NAME (docs/trustworthy.md).
+
     Columns: the example's input fields, the output (`output`, or `output.NAME` for several fields), `score`,
     one column per named score, `feedback`, `failure` (the failure kind, "" when the call worked) and, when
     the runs were measured, `run_ms`, `cost_usd` and `model_calls`. Expected values (`expected.NAME`) only with
@@ -27,5 +30,13 @@ def results_frame(evaluation: EvaluationResult, *, include_expected: bool = Fals
     require("pandas", "report", "skynet_dspy.results_frame()")
     from .styled import frame_of
 
+    case_rows = getattr(evaluation, "case_rows", None)
+    if callable(case_rows):  # a ContractReport: a row per case, with the columns of its repeats and human scores
+        cases = case_rows()
+        rows = [table.row_of_result(case.input, case.output, case.expected, case.result) for case in cases]
+        frame = frame_of(rows, table.layout(rows, include_expected))
+        for column in dict.fromkeys(name for case in cases for name in case.columns):
+            frame[column] = [case.columns.get(column) for case in cases]
+        return frame
     rows = table.rows_of(evaluation)
     return frame_of(rows, table.layout(rows, include_expected))

@@ -106,3 +106,15 @@ def test_writing_metrics_runs_the_four_examples(monkeypatch):
     reward_text = _outputs(notebook, "reward")
     assert "ms vs reference 2000 ms" in reward_text and "accuracy" in reward_text
     assert "model call(s)" in _outputs(notebook, "observation")
+
+
+@pytest.mark.slow
+def test_trustworthy_metric_finds_the_blind_judge_and_its_fix(monkeypatch):
+    notebook = _execute("trustworthy_metric.ipynb", monkeypatch)
+    first = _plain_text(notebook, "first-check")
+    assert "[warn] Agrees with people" in first and "[ ok ] Scores are stable" in first
+    differ = _outputs(notebook, "disagreements")
+    assert "Nothing in the ticket points to a specific team" in differ
+    recheck = _outputs(notebook, "recheck")
+    assert "first prompt: warning, kappa -0.17" in recheck
+    assert "fixed prompt: passed, kappa 1.00, Spearman 1.00, mean |difference| 0.00" in recheck

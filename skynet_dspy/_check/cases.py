@@ -127,6 +127,15 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
     Lines end at '\\n' only (a string may hold U+2028). A FIFO, a device or an endless file is refused,
     and so is JSON nested too deeply to read.
     """
+    text = _read_text(path)
+    rows = [_row(path, number, line, inputs) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+    if not rows:
+        raise DataError(f"the data file {path} holds no cases; write one JSON object per line")
+    return rows
+
+
+def _read_text(path: Path) -> str:
+    """The text of a data file no larger than MAX_DATA_BYTES; a DataError when it is not such a file."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -147,29 +156,23 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
     if len(raw) > MAX_DATA_BYTES:
         raise DataError(f"the data file {path} grew past {MAX_DATA_BYTES // 2**20} MB while it was read")
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"the data file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    rows = []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object per "
-                'line, like {"input": {...}, "expected": {...}}'
-            ) from None
-        except RecursionError:
-            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
-        try:
-            parse_case(row, inputs)
-        except DataError as exc:
-            raise DataError(f"{path}, line {number}: {exc}") from None
-        except RecursionError:
-            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
-        rows.append(row)
-    if not rows:
-        raise DataError(f"the data file {path} holds no cases; write one JSON object per line")
-    return rows
+
+
+def _row(path: Path, number: int, line: str, inputs: Sequence[str] | None) -> Any:
+    """One line of a data file, read and checked as a case."""
+    try:
+        row = json.loads(line)
+        parse_case(row, inputs)
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}); write one JSON object per "
+            'line, like {"input": {...}, "expected": {...}}'
+        ) from None
+    except RecursionError:
+        raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
+    except DataError as exc:
+        raise DataError(f"{path}, line {number}: {exc}") from None
+    return row

@@ -201,7 +201,7 @@ class ContractReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (what `skynet-dspy check --json` prints); every string valid UTF-8."""
-        return safe_text.json_safe({
+        plain: dict[str, Any] = safe_text.json_safe({
             "metric": secrets.redact(self.metric),
             "ok": self.ok,
             "verdict": self.verdict,
@@ -218,6 +218,7 @@ class ContractReport:
                 for call in self.calls
             ],
         })
+        return plain
 
     def to_json(self) -> str:
         """The report as JSON: valid UTF-8, no raw control byte (safe to print)."""

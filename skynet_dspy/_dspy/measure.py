@@ -236,7 +236,7 @@ class _Ledger:
 
     def __init__(self, strong_limit: int = 1024):
         self._lock = threading.Lock()
-        self._weak: dict[int, tuple[weakref.ref, Observation]] = {}
+        self._weak: dict[int, tuple[weakref.ref[Any], Observation]] = {}
         self._strong: LRU[int, tuple[Any, Observation]] = LRU(strong_limit)
         self._sweep_at = 512
 
@@ -311,7 +311,8 @@ def _joined_run() -> _Run | None:
     """The run a module call in a thread DSPy started belongs to, if any."""
     import dspy
 
-    return dspy.settings.get(_CONTEXT_KEY)
+    run = dspy.settings.get(_CONTEXT_KEY)
+    return run if isinstance(run, _Run) else None
 
 
 def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:

@@ -168,7 +168,7 @@ class OptimizationReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report in plain values (JSON-ready: every string valid UTF-8)."""
-        return safe_text.json_safe({
+        plain: dict[str, Any] = safe_text.json_safe({
             "source": self.source,
             "best": self.best,
             "total_metric_calls": self.total_metric_calls,
@@ -182,6 +182,7 @@ class OptimizationReport:
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,
             "notes": list(self.notes),
         })
+        return plain
 
 
 def _number(value: float | None) -> str:

@@ -242,15 +242,19 @@ def _at_failure_score(tried: _Tried) -> CheckItem | None:
     floor = [call for call in tried.perfect if call.result.score <= tried.failure_score + tried.margin]
     if not floor:
         return None
-    call = floor[0]
-    hint = tried.hint(call)
-    return CheckItem(
-        # expected values of several fields, no output_fields: the check only guessed the output's shape
-        _PERFECT, Status.WARNING if hint else Status.FAILED,
-        f"a perfect output scores {call.result.score:.4g} ({call.label}), no higher than the failure score "
-        f"{tried.failure_score:g}: an optimizer can never tell it from a failed call, so nothing is rewarded. "
-        f"Check how score compares output with expected: {NEVER_REWARDS}{hint}",
+    return _never_rewarded(
+        tried, floor[0],
+        f"no higher than the failure score {tried.failure_score:g}: an optimizer can never tell it from a failed "
+        "call, so nothing is rewarded. Check how score compares output with expected",
     )
+
+
+def _never_rewarded(tried: _Tried, call: Call, why: str) -> CheckItem:
+    """A perfect output that scores too low: a failure, or a warning when the check only guessed the output's
+    shape (expected values of several fields, no output_fields)."""
+    hint = tried.hint(call)
+    return CheckItem(_PERFECT, Status.WARNING if hint else Status.FAILED,
+                     f"a perfect output scores {call.result.score:.4g} ({call.label}), {why}: {NEVER_REWARDS}{hint}")
 
 
 def _below_another(tried: _Tried) -> CheckItem | None:
@@ -261,12 +265,10 @@ def _below_another(tried: _Tried) -> CheckItem | None:
     if not low:
         return None
     call, other = max(low, key=lambda pair: pair[1].result.score - pair[0].result.score)
-    hint = tried.hint(call)
-    return CheckItem(
-        _PERFECT, Status.WARNING if hint else Status.FAILED,
-        f"a perfect output scores {call.result.score:.4g} ({call.label}), below the {other.result.score:.4g} "
-        f"of an output that differs from it ({other.label}). A perfect answer should score at least as high "
-        f"as any other: {NEVER_REWARDS}{hint}",
+    return _never_rewarded(
+        tried, call,
+        f"below the {other.result.score:.4g} of an output that differs from it ({other.label}). A perfect answer "
+        "should score at least as high as any other",
     )
 
 

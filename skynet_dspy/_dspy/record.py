@@ -71,7 +71,7 @@ class RunRecord:
     error: str | None = None
 
 
-class CountingLM(GepaLM):  # type: ignore[misc]  # gepa ships no type hints
+class CountingLM(GepaLM):  # type: ignore[misc, unused-ignore]  # gepa ships no type hints
     """gepa.lm.LM that also counts its calls (gepa's LM keeps cost and tokens, not how many calls)."""
 
     def __init__(self, model: str, **kwargs: Any):

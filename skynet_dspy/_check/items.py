@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .._core.contract import MAX_TIMEOUT, was_cut
@@ -14,6 +16,7 @@ _TOLERANCE = 1e-9
 _ALWAYS_BROKEN = frozenset({Failure.INVALID, Failure.MISSING_FIELD, Failure.CRASHED, Failure.JUDGE_NOT_CONFIGURED,
                             Failure.JUDGE_ERROR, Failure.SPEND_CAP, Failure.LOAD})
 STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED})
+_PERFECT = Item.PERFECT_OUTPUT
 _NAMED_SCORE_RULES = ("scores is not a dict", "too many named scores", "named score")
 
 
@@ -31,31 +34,48 @@ def all_items(
 
 def return_value(calls: list[Call]) -> CheckItem:
     name = Item.RETURN_VALUE
-    given_cases = {call.case for call in calls if call.role is Role.GIVEN}
-
-    def case_output(call: Call) -> bool:
-        """The output the case gave or, giving none, chose: its expected values (not a probe the check added)."""
-        return call.role is Role.GIVEN or (call.role is Role.PERFECT and call.case not in given_cases)
-
-    # A bad shape always breaks the contract; an exception only on the case's own output, since score may
-    # reasonably reject the probes the check adds.
-    broken = [
-        call for call in calls
-        if call.result.failure in _ALWAYS_BROKEN or (call.result.failure is Failure.EXCEPTION and case_output(call))
-    ]
+    broken = _broken_calls(calls)
     if broken:
-        first = broken[0]
-        failed = sum(call.result.failure is not None and call.result.failure not in STOPPING for call in calls)
-        more = f" ({failed} of {len(calls)} calls failed)" if failed > 1 else ""
-        advice = ""
-        if first.result.failure is Failure.JUDGE_NOT_CONFIGURED:
-            advice = (" To check a metric that calls llm(), give it a model: metric_lm= in Python, or "
-                      "--metric-lm MODEL (and --api-base URL) on the command line")
-        return CheckItem(name, Status.FAILED, f"{first.label}: {first.problem.rstrip('.')}.{more}{advice}")
+        return CheckItem(name, Status.FAILED, _broken_message(broken[0], calls))
     valid = [call for call in calls if call.result.ok]
     if not valid:
         why = "no call returned in time" if calls else "no call was made"
         return CheckItem(name, Status.NOT_RUN, f"not checked: {why}")
+    extra = sorted({str(key) for call in valid for key in call.result.extra})
+    kept = f"; extra keys kept for you, not shown to the optimizer: {', '.join(extra)}" if extra else ""
+    summary = f"valid (score, {{'feedback': ...}}) on {len(valid)} call(s){kept}"
+    notes = _feedback_notes(valid)
+    if notes:
+        return CheckItem(name, Status.WARNING, f"{summary}; but {'; and '.join(notes)}")
+    return CheckItem(name, Status.PASSED, summary)
+
+
+def _broken_calls(calls: list[Call]) -> list[Call]:
+    """The calls that broke the contract: a bad shape always; an exception only on the case's own output
+    (the output the case gave or, giving none, its expected values), since score may reasonably reject the
+    probes the check adds."""
+    given_cases = {call.case for call in calls if call.role is Role.GIVEN}
+
+    def case_output(call: Call) -> bool:
+        return call.role is Role.GIVEN or (call.role is Role.PERFECT and call.case not in given_cases)
+
+    return [
+        call for call in calls
+        if call.result.failure in _ALWAYS_BROKEN or (call.result.failure is Failure.EXCEPTION and case_output(call))
+    ]
+
+
+def _broken_message(first: Call, calls: list[Call]) -> str:
+    failed = sum(call.result.failure is not None and call.result.failure not in STOPPING for call in calls)
+    more = f" ({failed} of {len(calls)} calls failed)" if failed > 1 else ""
+    advice = ""
+    if first.result.failure is Failure.JUDGE_NOT_CONFIGURED:
+        advice = (" To check a metric that calls llm(), give it a model: metric_lm= in Python, or "
+                  "--metric-lm MODEL (and --api-base URL) on the command line")
+    return f"{first.label}: {first.problem.rstrip('.')}.{more}{advice}"
+
+
+def _feedback_notes(valid: list[Call]) -> list[str]:
     notes = []
     empty = [call for call in valid if not call.result.feedback.strip()]
     if empty:
@@ -68,12 +88,7 @@ def return_value(calls: list[Call]) -> CheckItem:
         notes.append(
             f"the feedback on {cut[0].label} is over the limit and was cut; shorten it or raise feedback_limit="
         )
-    extra = sorted({str(key) for call in valid for key in call.result.extra})
-    kept = f"; extra keys kept for you, not shown to the optimizer: {', '.join(extra)}" if extra else ""
-    summary = f"valid (score, {{'feedback': ...}}) on {len(valid)} call(s){kept}"
-    if notes:
-        return CheckItem(name, Status.WARNING, f"{summary}; but {'; and '.join(notes)}")
-    return CheckItem(name, Status.PASSED, summary)
+    return notes
 
 
 def timeout_item(calls: list[Call], timeout: float) -> CheckItem:
@@ -143,98 +158,159 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Tried:
+    """What perfect_output() reads: the calls, the cases, and the figures every step compares with."""
+
+    calls: list[Call]
+    cases: list[Case]
+    output_fields: Any
+    failure_score: float
+
+    @cached_property
+    def valid(self) -> list[Call]:
+        return [call for call in self.calls if call.result.ok]
+
+    @cached_property
+    def perfect(self) -> list[Call]:
+        return [call for call in self.valid if call.role is Role.PERFECT]
+
+    @cached_property
+    def others(self) -> list[Call]:
+        return [call for call in self.valid if call.role is not Role.PERFECT]
+
+    @cached_property
+    def margin(self) -> float:
+        best = max(call.result.score for call in self.valid)
+        return _TOLERANCE * max(1.0, abs(best), abs(self.failure_score))
+
+    @property
+    def lowest(self) -> float:
+        return min(call.result.score for call in self.perfect)
+
+    def hint(self, call: Call) -> str:
+        return _shape_hint(self.cases[call.case - 1], self.output_fields)
+
+
 def perfect_output(
     calls: list[Call], cases: list[Case], output_fields: Any = None, failure_score: float = 0.0
 ) -> CheckItem:
     """Fails when the expected values as output score no higher than the failure score, or lower than an
     output that differs from them (a metric that never rewards a right answer); warns when every output
     scores the same (a metric that ignores the output, or judges only its form)."""
-    name = Item.PERFECT_OUTPUT
-    if not any(case.expected for case in cases):
-        return CheckItem(name, Status.NOT_RUN, "skipped: no case has expected values to try as a perfect output")
-    if not any(call.role is Role.PERFECT for call in calls) and output_fields is not None:
+    tried = _Tried(calls, cases, output_fields, failure_score)
+    for step in (_nothing_to_try, _perfect_rejected, _at_failure_score, _below_another, _all_alike, _ties_only):
+        item = step(tried)
+        if item is not None:
+            return item
+    return _perfect_passed(tried)
+
+
+def _nothing_to_try(tried: _Tried) -> CheckItem | None:
+    if not any(case.expected for case in tried.cases):
+        return CheckItem(_PERFECT, Status.NOT_RUN, "skipped: no case has expected values to try as a perfect output")
+    if not any(call.role is Role.PERFECT for call in tried.calls) and tried.output_fields is not None:
         return CheckItem(
-            name, Status.NOT_RUN,
-            f"skipped: no case's expected values hold any of the output fields {', '.join(output_fields)}, so "
-            "there is no perfect output to try",
+            _PERFECT, Status.NOT_RUN,
+            f"skipped: no case's expected values hold any of the output fields {', '.join(tried.output_fields)}, "
+            "so there is no perfect output to try",
         )
+    return None
+
+
+def _perfect_rejected(tried: _Tried) -> CheckItem | None:
     # An exception on the expected values is news only when the same case's given output scored fine.
-    scored = {call.case for call in calls if call.role is Role.GIVEN and call.result.ok}
+    scored = {call.case for call in tried.calls if call.role is Role.GIVEN and call.result.ok}
     rejected = [
-        call for call in calls
+        call for call in tried.calls
         if call.role is Role.PERFECT and call.case in scored and call.result.failure is Failure.EXCEPTION
     ]
-    perfect = [call for call in calls if call.role is Role.PERFECT and call.result.ok]
     if rejected:
         call = rejected[0]
         return CheckItem(
-            name, Status.WARNING,
+            _PERFECT, Status.WARNING,
             f"{call.label}: {call.problem}. If your expected values are not shaped like an output (say, a list of "
-            "required fields), ignore this; otherwise score should accept a perfect answer"
-            f"{_shape_hint(cases[call.case - 1], output_fields)}",
+            f"required fields), ignore this; otherwise score should accept a perfect answer{tried.hint(call)}",
         )
-    if not perfect:
-        return CheckItem(name, Status.NOT_RUN, "not checked: no call on the expected values returned a valid score")
-    valid = [call for call in calls if call.result.ok]
-    best = max(valid, key=lambda call: call.result.score)
-    margin = _TOLERANCE * max(1.0, abs(best.result.score), abs(failure_score))
-    others = [call for call in valid if call.role is not Role.PERFECT]
-    scores = {call.result.score for call in valid}
-    floor = [call for call in perfect if call.result.score <= failure_score + margin]
-    if floor:
-        call = floor[0]
-        hint = _shape_hint(cases[call.case - 1], output_fields)
-        return CheckItem(
-            # expected values of several fields, no output_fields: the check only guessed the output's shape
-            name, Status.WARNING if hint else Status.FAILED,
-            f"a perfect output scores {call.result.score:.4g} ({call.label}), no higher than the failure score "
-            f"{failure_score:g}: an optimizer can never tell it from a failed call, so nothing is rewarded. "
-            f"Check how score compares output with expected: {NEVER_REWARDS}{hint}",
-        )
+    if not tried.perfect:
+        return CheckItem(_PERFECT, Status.NOT_RUN,
+                         "not checked: no call on the expected values returned a valid score")
+    return None
+
+
+def _at_failure_score(tried: _Tried) -> CheckItem | None:
+    floor = [call for call in tried.perfect if call.result.score <= tried.failure_score + tried.margin]
+    if not floor:
+        return None
+    return _never_rewarded(
+        tried, floor[0],
+        f"no higher than the failure score {tried.failure_score:g}: an optimizer can never tell it from a failed "
+        "call, so nothing is rewarded. Check how score compares output with expected",
+    )
+
+
+def _never_rewarded(tried: _Tried, call: Call, why: str) -> CheckItem:
+    """A perfect output that scores too low: a failure, or a warning when the check only guessed the output's
+    shape (expected values of several fields, no output_fields)."""
+    hint = tried.hint(call)
+    return CheckItem(_PERFECT, Status.WARNING if hint else Status.FAILED,
+                     f"a perfect output scores {call.result.score:.4g} ({call.label}), {why}: {NEVER_REWARDS}{hint}")
+
+
+def _below_another(tried: _Tried) -> CheckItem | None:
     low = [
-        (call, other) for call in perfect for other in valid
-        if other.result.score > call.result.score + margin and not _same(other.output, call.output)
+        (call, other) for call in tried.perfect for other in tried.valid
+        if other.result.score > call.result.score + tried.margin and not _same(other.output, call.output)
     ]
-    if low:
-        call, other = max(low, key=lambda pair: pair[1].result.score - pair[0].result.score)
-        hint = _shape_hint(cases[call.case - 1], output_fields)
-        return CheckItem(
-            name, Status.WARNING if hint else Status.FAILED,
-            f"a perfect output scores {call.result.score:.4g} ({call.label}), below the {other.result.score:.4g} "
-            f"of an output that differs from it ({other.label}). A perfect answer should score at least as high "
-            f"as any other: {NEVER_REWARDS}{hint}",
-        )
-    lowest = min(call.result.score for call in perfect)
-    if others and max(scores) - min(scores) <= margin:
-        return CheckItem(
-            name, Status.WARNING,
-            f"every output tried, the perfect ones included, scores {lowest:.4g}: score does not seem to tell a "
-            "right output from a wrong one (does it read the output? compare the right field?). If it judges only "
-            "the output's form, ignore this"
-            f"{_shape_hint(cases[perfect[0].case - 1], output_fields)}",
-        )
-    if others and all(call.role is Role.CONTRAST for call in others):
-        # Only probes to compare with: a tie on every case means score cannot tell right from wrong.
-        right_of = {call.case: call.result.score for call in perfect}
-        pairs = [(right_of[call.case], call) for call in others if call.case in right_of]
-        if pairs and all(right <= call.result.score for right, call in pairs):
-            right, first = pairs[0]
-            return CheckItem(
-                name, Status.WARNING,
-                f"on every case the expected values as output score no higher than another case's expected values "
-                f"(case {first.case}: {right:.4g} vs {first.result.score:.4g}): score does not seem to tell a right "
-                "output from a wrong one. If it judges only the output's form, ignore this"
-                f"{_shape_hint(cases[first.case - 1], output_fields)}",
-            )
-    if not others:
-        return CheckItem(
-            name, Status.PASSED,
-            f"the expected values as output score {lowest:.4g}; no other output to compare with (give cases an "
-            "'output', or several cases with different expected values)",
-        )
-    best_other = max(call.result.score for call in others)
+    if not low:
+        return None
+    call, other = max(low, key=lambda pair: pair[1].result.score - pair[0].result.score)
+    return _never_rewarded(
+        tried, call,
+        f"below the {other.result.score:.4g} of an output that differs from it ({other.label}). A perfect answer "
+        "should score at least as high as any other",
+    )
+
+
+def _all_alike(tried: _Tried) -> CheckItem | None:
+    scores = {call.result.score for call in tried.valid}
+    if not tried.others or max(scores) - min(scores) > tried.margin:
+        return None
     return CheckItem(
-        name, Status.PASSED,
-        f"the expected values as output score {lowest:.4g} or more; the {len(others)} other output(s) tried score "
-        f"at most {best_other:.4g}",
+        _PERFECT, Status.WARNING,
+        f"every output tried, the perfect ones included, scores {tried.lowest:.4g}: score does not seem to tell a "
+        "right output from a wrong one (does it read the output? compare the right field?). If it judges only "
+        f"the output's form, ignore this{tried.hint(tried.perfect[0])}",
+    )
+
+
+def _ties_only(tried: _Tried) -> CheckItem | None:
+    """Only probes to compare with: a tie on every case means score cannot tell right from wrong."""
+    if not tried.others or not all(call.role is Role.CONTRAST for call in tried.others):
+        return None
+    right_of = {call.case: call.result.score for call in tried.perfect}
+    pairs = [(right_of[call.case], call) for call in tried.others if call.case in right_of]
+    if not pairs or not all(right <= call.result.score for right, call in pairs):
+        return None
+    right, first = pairs[0]
+    return CheckItem(
+        _PERFECT, Status.WARNING,
+        f"on every case the expected values as output score no higher than another case's expected values "
+        f"(case {first.case}: {right:.4g} vs {first.result.score:.4g}): score does not seem to tell a right "
+        f"output from a wrong one. If it judges only the output's form, ignore this{tried.hint(first)}",
+    )
+
+
+def _perfect_passed(tried: _Tried) -> CheckItem:
+    if not tried.others:
+        return CheckItem(
+            _PERFECT, Status.PASSED,
+            f"the expected values as output score {tried.lowest:.4g}; no other output to compare with (give cases "
+            "an 'output', or several cases with different expected values)",
+        )
+    best_other = max(call.result.score for call in tried.others)
+    return CheckItem(
+        _PERFECT, Status.PASSED,
+        f"the expected values as output score {tried.lowest:.4g} or more; the {len(tried.others)} other output(s) "
+        f"tried score at most {best_other:.4g}",
     )

@@ -1,11 +1,12 @@
-"""A bounded, thread-safe least-recently-used map: the one memo every part of the package uses."""
+"""A bounded, thread-safe least-recently-used map: cachetools' LRUCache behind a lock."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
+
+from cachetools import LRUCache
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -16,24 +17,17 @@ class LRU(Generic[K, V]):
 
     def __init__(self, size: int):
         self.size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self._items: LRUCache[K, V] = LRUCache(maxsize=max(1, size))
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
         with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
+            return self._items.get(key)
 
     def put(self, key: K, value: V) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+        if self.size > 0:
+            with self._lock:
+                self._items[key] = value
 
     def pop(self, key: K) -> V | None:
         with self._lock:

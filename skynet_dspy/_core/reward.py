@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .errors import RewardSpecError
@@ -20,6 +21,15 @@ def validate_spec(spec: Any) -> dict[str, float]:
         raise RewardSpecError(
             f"REWARD_SPEC has unknown key(s) {', '.join(unknown)}; allowed: weights, accuracy, speed, cost"
         )
+    numbers = _weights(spec)
+    for name in COMPONENTS:
+        _check_section(name, spec.get(name, {}))
+    total = sum(numbers.values())
+    return {name: value / total for name, value in numbers.items()}
+
+
+def _weights(spec: dict[str, Any]) -> dict[str, float]:
+    """REWARD_SPEC['weights'], checked: a non-negative number for every component, one of them positive."""
     if "weights" not in spec:
         raise RewardSpecError("REWARD_SPEC['weights'] is missing; give {'accuracy': w, 'speed': w, 'cost': w}")
     weights = spec["weights"]
@@ -30,36 +40,39 @@ def validate_spec(spec: Any) -> dict[str, float]:
     extra = sorted(set(map(str, weights)) - set(COMPONENTS))
     if extra:
         raise RewardSpecError(f"REWARD_SPEC['weights'] has unknown key(s) {', '.join(extra)}")
-    numbers: dict[str, float] = {}
-    for name in COMPONENTS:
-        if name not in weights:
-            raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is missing; give every weight "
-                                  f"(set '{name}': 0 to leave it out)")
-        value = as_number(weights[name])
-        if value is None or value != value or value in (float("inf"), float("-inf")):
-            raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] must be a number, got {shorten(weights[name])}")
-        if value < 0:
-            raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is negative ({value:g}); weights must be >= 0")
-        numbers[name] = value
-    total = sum(numbers.values())
-    if total <= 0:
+    numbers = {name: _weight(name, weights) for name in COMPONENTS}
+    if sum(numbers.values()) <= 0:
         raise RewardSpecError("REWARD_SPEC['weights'] are all 0; at least one weight must be positive")
-    for name in COMPONENTS:
-        section = spec.get(name, {})
-        if not isinstance(section, dict):
-            raise RewardSpecError(f"REWARD_SPEC['{name}'] must be a dict, got {shorten(section)}")
-        unknown_fields = sorted(set(map(str, section)) - {"reference"})
-        if unknown_fields:
-            raise RewardSpecError(f"REWARD_SPEC['{name}'] has unknown key(s) {', '.join(unknown_fields)}")
-        if name in ("speed", "cost") and "reference" not in section:
-            raise RewardSpecError(f"REWARD_SPEC['{name}']['reference'] is missing; give a positive number")
-        if "reference" in section:
-            reference = as_number(section["reference"])
-            if reference is None or not (0 < reference < float("inf")):
-                raise RewardSpecError(
-                    f"REWARD_SPEC['{name}']['reference'] must be a positive number, got {shorten(section['reference'])}"
-                )
-    return {name: value / total for name, value in numbers.items()}
+    return numbers
+
+
+def _weight(name: str, weights: dict[str, Any]) -> float:
+    if name not in weights:
+        raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is missing; give every weight "
+                              f"(set '{name}': 0 to leave it out)")
+    value = as_number(weights[name])
+    if value is None or not math.isfinite(value):
+        raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] must be a number, got {shorten(weights[name])}")
+    if value < 0:
+        raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is negative ({value:g}); weights must be >= 0")
+    return value
+
+
+def _check_section(name: str, section: Any) -> None:
+    """REWARD_SPEC[name], checked: a dict holding at most a positive 'reference' (required for speed and cost)."""
+    if not isinstance(section, dict):
+        raise RewardSpecError(f"REWARD_SPEC['{name}'] must be a dict, got {shorten(section)}")
+    unknown_fields = sorted(set(map(str, section)) - {"reference"})
+    if unknown_fields:
+        raise RewardSpecError(f"REWARD_SPEC['{name}'] has unknown key(s) {', '.join(unknown_fields)}")
+    if name in ("speed", "cost") and "reference" not in section:
+        raise RewardSpecError(f"REWARD_SPEC['{name}']['reference'] is missing; give a positive number")
+    if "reference" in section:
+        reference = as_number(section["reference"])
+        if reference is None or not (0 < reference < float("inf")):
+            raise RewardSpecError(
+                f"REWARD_SPEC['{name}']['reference'] must be a positive number, got {shorten(section['reference'])}"
+            )
 
 
 def falloff(reference: float, value: float) -> float:
@@ -68,7 +81,7 @@ def falloff(reference: float, value: float) -> float:
 
 
 def compute(
-    spec: dict,
+    spec: dict[str, Any],
     accuracy: float,
     feedback: str,
     observation: Observation | None,
@@ -81,38 +94,43 @@ def compute(
         raise TypeError(f"reward(): accuracy must be a number, got {shorten(accuracy)}")
     if not isinstance(feedback, str):
         raise TypeError(f"reward(): feedback must be a str, got {shorten(feedback)}")
-
-    lines = []
-    accuracy_reference = spec.get("accuracy", {}).get("reference")
-    if accuracy_reference is None:
-        accuracy_part = min(1.0, max(0.0, accuracy_value))
-        lines.append(f"accuracy {accuracy_part:.2f}")
-    else:
-        accuracy_part = falloff(float(accuracy_reference), accuracy_value)
-        lines.append(f"accuracy {accuracy_part:.2f} (error {accuracy_value:g} vs reference {accuracy_reference:g})")
-
     if observation is not None and observation.unmeasured_reason:
         unmeasured_reason = observation.unmeasured_reason
-    speed_reference = float(spec["speed"]["reference"])
-    run_ms = observation.run_ms if observation is not None else None
-    if run_ms is None:
-        speed_part = 0.0
-        lines.append(f"speed 0.00 (speed not measured: {unmeasured_reason or 'no run time was recorded'})")
-    else:
-        speed_part = falloff(speed_reference, run_ms)
-        lines.append(f"speed {speed_part:.2f} ({run_ms:.0f} ms vs reference {speed_reference:g} ms)")
-
-    cost_reference = float(spec["cost"]["reference"])
-    cost = observation.cost_usd if observation is not None else None
-    if cost is None:
-        cost_part = 0.0
-        why = (observation.cost_unknown_reason if observation is not None else None) or unmeasured_reason
-        lines.append(f"cost 0.00 (cost not measured: {why or 'no model cost was recorded'})")
-    else:
-        cost_part = falloff(cost_reference, cost)
-        lines.append(f"cost {cost_part:.2f} ({usd(cost)} vs reference {usd(cost_reference)})")
-
-    parts = {"accuracy": accuracy_part, "speed": speed_part, "cost": cost_part}
+    parts_and_lines = {
+        "accuracy": _accuracy_part(spec, accuracy_value),
+        "speed": _speed_part(spec, observation, unmeasured_reason),
+        "cost": _cost_part(spec, observation, unmeasured_reason),
+    }
+    parts = {name: part for name, (part, _) in parts_and_lines.items()}
+    lines = [line for _, line in parts_and_lines.values()]
     total = sum(weights[name] * parts[name] for name in COMPONENTS)
     text = "\n".join([feedback, *lines]) if feedback else "\n".join(lines)
     return total, {"feedback": text, "scores": parts}
+
+
+def _accuracy_part(spec: dict[str, Any], value: float) -> tuple[float, str]:
+    reference = spec.get("accuracy", {}).get("reference")
+    if reference is None:
+        part = min(1.0, max(0.0, value))
+        return part, f"accuracy {part:.2f}"
+    part = falloff(float(reference), value)
+    return part, f"accuracy {part:.2f} (error {value:g} vs reference {reference:g})"
+
+
+def _speed_part(spec: dict[str, Any], observation: Observation | None, unmeasured: str | None) -> tuple[float, str]:
+    reference = float(spec["speed"]["reference"])
+    run_ms = observation.run_ms if observation is not None else None
+    if run_ms is None:
+        return 0.0, f"speed 0.00 (speed not measured: {unmeasured or 'no run time was recorded'})"
+    part = falloff(reference, run_ms)
+    return part, f"speed {part:.2f} ({run_ms:.0f} ms vs reference {reference:g} ms)"
+
+
+def _cost_part(spec: dict[str, Any], observation: Observation | None, unmeasured: str | None) -> tuple[float, str]:
+    reference = float(spec["cost"]["reference"])
+    cost = observation.cost_usd if observation is not None else None
+    if cost is None:
+        why = (observation.cost_unknown_reason if observation is not None else None) or unmeasured
+        return 0.0, f"cost 0.00 (cost not measured: {why or 'no model cost was recorded'})"
+    part = falloff(reference, cost)
+    return part, f"cost {part:.2f} ({usd(cost)} vs reference {usd(reference)})"

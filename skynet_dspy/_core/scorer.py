@@ -104,23 +104,8 @@ class Scorer:
         self.timeout = check_timeout(timeout)
         self.failure_score = finite_number("failure_score", failure_score, default=0.0)
         self.feedback_limit = check_feedback_limit(feedback_limit)
-        cluster = RayCluster() if isolation == "ray" else isolation if isinstance(isolation, RayCluster) else None
-        if cluster is None and isolation not in ISOLATIONS:
-            raise ValueError(
-                f"isolation must be 'process' (the default), 'thread', 'ray' or a skynet_dspy.RayCluster(...), "
-                f"got {isolation!r}"
-            )
-        if workers is not None:
-            whole_number("workers", workers, minimum=1, unit="worker processes")
-        if worker_max_calls is not None:
-            whole_number("worker_max_calls", worker_max_calls, minimum=1, unit="calls")
-        if worker_max_memory is not None:
-            whole_number("worker_max_memory", worker_max_memory, minimum=2**20, unit="bytes (e.g. 500 * 2**20)")
-        if isolation == "thread" and (worker_max_calls is not None or worker_max_memory is not None):
-            raise ValueError(
-                "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
-                "(leave them out, or use isolation='process')"
-            )
+        cluster = _cluster(isolation)
+        _check_workers(isolation, workers, worker_max_calls, worker_max_memory)
         self.isolation = "ray" if cluster is not None else str(isolation)
         self.llm = llm
         self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
@@ -249,6 +234,31 @@ class Scorer:
         """Stop the metric's worker processes; a call after this raises WorkerError."""
         self.closed = True
         self.executor.close()
+
+
+def _cluster(isolation: Any) -> RayCluster | None:
+    """The Ray cluster `isolation` names (None for "process" or "thread"); a ValueError for anything else."""
+    cluster = RayCluster() if isolation == "ray" else isolation if isinstance(isolation, RayCluster) else None
+    if cluster is None and isolation not in ISOLATIONS:
+        raise ValueError(
+            f"isolation must be 'process' (the default), 'thread', 'ray' or a skynet_dspy.RayCluster(...), "
+            f"got {isolation!r}"
+        )
+    return cluster
+
+
+def _check_workers(isolation: Any, workers: Any, max_calls: Any, max_memory: Any) -> None:
+    if workers is not None:
+        whole_number("workers", workers, minimum=1, unit="worker processes")
+    if max_calls is not None:
+        whole_number("worker_max_calls", max_calls, minimum=1, unit="calls")
+    if max_memory is not None:
+        whole_number("worker_max_memory", max_memory, minimum=2**20, unit="bytes (e.g. 500 * 2**20)")
+    if isolation == "thread" and (max_calls is not None or max_memory is not None):
+        raise ValueError(
+            "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
+            "(leave them out, or use isolation='process')"
+        )
 
 
 def _observed(result: Result, observation: Observation | None) -> Result:

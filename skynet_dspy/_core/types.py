@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from . import secrets
 
@@ -126,6 +126,55 @@ class Outcome:
         return secrets.redact(f"Outcome({fields})")
 
 
+class _Counts:
+    """`+` and `-` field by field, for frozen dataclasses of figures: a None (unknown) figure stays None."""
+
+    __slots__ = ()
+
+    def _combined(self, other: Self, sign: int) -> Self:
+        if type(other) is not type(self):
+            raise TypeError(f"a {type(self).__name__} adds up only with another, not with {type(other).__name__}")
+        values: dict[str, Any] = {}
+        for entry in fields(self):  # type: ignore[arg-type]
+            mine, theirs = getattr(self, entry.name), getattr(other, entry.name)
+            if isinstance(mine, bool) or not isinstance(mine, (int, float)) or not isinstance(theirs, (int, float)):
+                values[entry.name] = None if mine is None or theirs is None else mine
+            else:
+                values[entry.name] = mine + sign * theirs
+        return replace(self, **values)  # type: ignore[type-var]
+
+    def __add__(self, other: Self) -> Self:
+        return self._combined(other, 1)
+
+    def __sub__(self, other: Self) -> Self:
+        """The figures spent between `other` (taken earlier) and these."""
+        return self._combined(other, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage(_Counts):
+    """What some model calls used: calls, tokens, USD cost (None when a price is unknown) and seconds.
+
+    One type for the program's runs, the judge and the reflection model: `a + b` adds two, `after - before`
+    is what was spent between two readings.
+    """
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, usage: Usage) -> Usage:
+        """The Usage part of a richer usage (a JudgeUsage's, say), to add to other Usages."""
+        return Usage(usage.calls, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd, usage.seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """The program's measured run on the example being scored (read-only).
@@ -161,6 +210,12 @@ class Observation:
         """Whether the run was measured (its cost may still be unknown)."""
         return self.run_ms is not None
 
+    @property
+    def usage(self) -> Usage:
+        """The run's model calls, tokens, cost and time as a Usage (zeros when the run was not measured)."""
+        return Usage(self.model_calls or 0, self.prompt_tokens or 0, self.completion_tokens or 0,
+                     self.cost_usd if self.measured else None, (self.run_ms or 0.0) / 1000.0)
+
     @classmethod
     def unmeasured(cls, reason: str | None) -> Observation:
         """An observation of a run that was not measured, saying why."""
@@ -168,7 +223,7 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
-class ProgramUsage:
+class ProgramUsage(_Counts):
     """What the program's measured runs that a metric scored used, added up: the program's side of a receipt.
 
     `runs` counts the scored calls given a measured run (`unmeasured` those given an observation saying
@@ -188,6 +243,13 @@ class ProgramUsage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def usage(self) -> Usage:
+        """The calls made now (not those answered from a cache), their tokens, cost (None when a run's price is
+        unknown) and the runs' time, as a Usage."""
+        return Usage(self.model_calls, self.prompt_tokens, self.completion_tokens,
+                     None if self.unpriced else self.cost_usd, self.run_ms / 1000.0)
 
     def plus(self, observation: Observation) -> ProgramUsage:
         """These figures with one more run added."""
@@ -209,25 +271,16 @@ class ProgramUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class JudgeUsage:
-    """What a metric's llm() calls used: requests sent, cache hits, tokens, USD cost and time.
+class JudgeUsage(Usage):
+    """What a metric's llm() calls used: a Usage (requests sent, tokens, USD cost, time) and the judge's own counts.
 
     `calls` counts every request sent (retried attempts included; `errors` of them failed).
     `cost_usd` is None when the price of any answered request is unknown. `seconds` is the wall
     time spent on requests, backoff waits included. Cache hits cost nothing and take no time here.
     """
 
-    calls: int = 0
     cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = 0.0
-    seconds: float = 0.0
     errors: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)

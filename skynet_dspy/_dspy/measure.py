@@ -14,7 +14,6 @@ import hashlib
 import json
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -22,12 +21,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core import context
-from .._core.lru import LRU
 from .._core.types import Observation
 from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
 from .._judge import response_usage
 from .._judge.spend import SpendCap
 from . import hooks
+from .ledger import file as _file
+from .ledger import observation_for
 from .replay import CallFigures, replay
 from .steady import OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS, WAIT_FLOOR_MS, anchors
 
@@ -196,9 +196,6 @@ _run: ContextVar[_Run | None] = ContextVar("skynet_measured_run", default=None)
 # True inside a model call already being counted (DSPy's LM execution, an outer LiteLLM call):
 # the LiteLLM calls it makes underneath are the same call, not new ones.
 _counting: ContextVar[bool] = ContextVar("skynet_counting_model_call", default=False)
-# The run that last finished in this thread/task, with the objects it returned: the metric call
-# that follows the program (dspy.Evaluate) finds it here first.
-_last: ContextVar[tuple[tuple[Any, ...], Observation] | None] = ContextVar("skynet_last_run", default=None)
 
 
 def _active_run() -> _Run | None:
@@ -224,83 +221,6 @@ def measure(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Obs
     return value, run.finish()
 
 
-# -- where finished runs are filed --------------------------------------------------------------------
-
-
-class _Ledger:
-    """Finished runs by the object their program returned, matched by identity, never by id alone.
-
-    Objects that take weak references (dspy.Prediction) are held weakly, so entries die with their
-    predictions; others (tuples, strings) are held strongly, the most recent few only.
-    """
-
-    def __init__(self, strong_limit: int = 1024):
-        self._lock = threading.Lock()
-        self._weak: dict[int, tuple[weakref.ref, Observation]] = {}
-        self._strong: LRU[int, tuple[Any, Observation]] = LRU(strong_limit)
-        self._sweep_at = 512
-
-    def put(self, obj: Any, observation: Observation) -> None:
-        key = id(obj)
-        try:
-            ref = weakref.ref(obj)
-        except TypeError:
-            self._strong.put(key, (obj, observation))
-            return
-        with self._lock:
-            self._weak[key] = (ref, observation)
-            if len(self._weak) >= self._sweep_at:
-                self._weak = {k: entry for k, entry in self._weak.items() if entry[0]() is not None}
-                self._sweep_at = max(512, 2 * len(self._weak))
-
-    def get(self, obj: Any) -> Observation | None:
-        key = id(obj)
-        with self._lock:
-            weak = self._weak.get(key)
-        if weak is not None and weak[0]() is obj:
-            return weak[1]
-        strong = self._strong.get(key)
-        if strong is not None and strong[0] is obj:
-            return strong[1]
-        return None
-
-
-_ledger = _Ledger()
-
-
-def _file(outputs: Any, observation: Observation) -> None:
-    # GEPA's trace capture makes forward return (prediction, trace): the metric gets the prediction.
-    # The ledger keeps only the prediction, not the tuple (nor the trace it holds).
-    if isinstance(outputs, tuple) and outputs:
-        keys: tuple[Any, ...] = (outputs, outputs[0])
-        filed = outputs[0]
-    else:
-        keys, filed = (outputs,), outputs
-    if filed is not None:
-        _ledger.put(filed, observation)
-    _last.set((keys, observation))
-
-
-NOT_FOUND = (
-    "no measured program run returned this prediction: it was made outside a dspy.Module call and outside "
-    "dspy.Evaluate (a hand-built prediction, or a program called some other way); call the program as a "
-    "dspy.Module or through dspy.Evaluate"
-)
-
-
-def observation_for(prediction: Any) -> tuple[Observation | None, str | None]:
-    """The measured run that produced `prediction`, or (None, why it was not measured)."""
-    if prediction is None:
-        return None, "the program returned no prediction"
-    last = _last.get()
-    if last is not None and any(key is prediction for key in last[0]):
-        return last[1], None
-    found = _ledger.get(prediction)
-    if found is not None:
-        return found, None
-    return None, NOT_FOUND
-
-
 # -- timing each program run ----------------------------------------------------------------------
 
 # A run is carried in DSPy's own context too, which DSPy copies into the threads it starts (dspy.Parallel).
@@ -311,7 +231,8 @@ def _joined_run() -> _Run | None:
     """The run a module call in a thread DSPy started belongs to, if any."""
     import dspy
 
-    return dspy.settings.get(_CONTEXT_KEY)
+    run = dspy.settings.get(_CONTEXT_KEY)
+    return run if isinstance(run, _Run) else None
 
 
 def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:

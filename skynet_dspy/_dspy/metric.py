@@ -61,6 +61,13 @@ class Score(dspy.Prediction, float):
     def __new__(cls, result: Any = None, base: Any = None, **fields: Any) -> Score:
         return float.__new__(cls, _as_result(result, base, fields).score)
 
+    def __setattr__(self, key: str, value: Any) -> None:
+        # a Score is built on every metric call: its own "_" attributes skip dspy.Example's field lookup
+        if key[:1] == "_":
+            object.__setattr__(self, key, value)
+        else:
+            super().__setattr__(key, value)
+
     def __init__(self, result: Any = None, base: Any = None, **fields: Any):
         result = _as_result(result, base, fields)
         shown: dict[str, Any] = {"score": result.score, "feedback": result.feedback}
@@ -93,7 +100,8 @@ class Score(dspy.Prediction, float):
 
     def _succeeds_at(self, threshold: float | None) -> Score:
         """This Score, truthy only at or above `threshold` (None: above zero); set by Metric.__call__."""
-        self._threshold = threshold
+        if threshold is not None:
+            self._threshold = threshold
         return self
 
     @property

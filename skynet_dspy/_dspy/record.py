@@ -17,7 +17,7 @@ from typing import Any
 
 from gepa.lm import LM as GepaLM
 
-from .._core.types import JudgeUsage, ProgramUsage
+from .._core.types import JudgeUsage, ProgramUsage, Usage
 from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, exception_text, token_count, usd
 from . import hooks
 
@@ -40,6 +40,13 @@ class ReflectionUsage:
         if self.prompt_tokens is None or self.completion_tokens is None:
             return None
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def usage(self) -> Usage | None:
+        """The calls made now (cache hits left out) as a Usage, or None when they could not be counted."""
+        if self.calls is None or self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return Usage(self.calls, self.prompt_tokens, self.completion_tokens, self.cost_usd)
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class RunRecord:
     error: str | None = None
 
 
-class CountingLM(GepaLM):
+class CountingLM(GepaLM):  # type: ignore[misc, unused-ignore]  # gepa ships no type hints
     """gepa.lm.LM that also counts its calls (gepa's LM keeps cost and tokens, not how many calls)."""
 
     def __init__(self, model: str, **kwargs: Any):
@@ -78,7 +85,7 @@ class CountingLM(GepaLM):
 
     def __call__(self, prompt: Any) -> str:
         self._count(1)
-        return super().__call__(prompt)
+        return str(super().__call__(prompt))
 
     def batch_complete(self, messages_list: list[list[dict[str, Any]]], max_workers: int = 10, **kwargs: Any) -> Any:
         self._count(len(messages_list))
@@ -201,33 +208,6 @@ def _reader(model: Any) -> Any:
 # -- the record ------------------------------------------------------------------------------------------
 
 
-def _judge_spent(before: JudgeUsage, after: JudgeUsage) -> JudgeUsage:
-    cost = None if before.cost_usd is None or after.cost_usd is None else after.cost_usd - before.cost_usd
-    return JudgeUsage(
-        calls=after.calls - before.calls,
-        cache_hits=after.cache_hits - before.cache_hits,
-        prompt_tokens=after.prompt_tokens - before.prompt_tokens,
-        completion_tokens=after.completion_tokens - before.completion_tokens,
-        cost_usd=cost,
-        seconds=after.seconds - before.seconds,
-        errors=after.errors - before.errors,
-    )
-
-
-def _program_spent(before: ProgramUsage, after: ProgramUsage) -> ProgramUsage:
-    return ProgramUsage(
-        runs=after.runs - before.runs,
-        model_calls=after.model_calls - before.model_calls,
-        prompt_tokens=after.prompt_tokens - before.prompt_tokens,
-        completion_tokens=after.completion_tokens - before.completion_tokens,
-        cost_usd=after.cost_usd - before.cost_usd,
-        unpriced=after.unpriced - before.unpriced,
-        run_ms=after.run_ms - before.run_ms,
-        unmeasured=after.unmeasured - before.unmeasured,
-        cached_calls=after.cached_calls - before.cached_calls,
-    )
-
-
 def _without_program(reflection: ReflectionUsage, program: ProgramUsage | None) -> ReflectionUsage:
     """The reflection model's figures when it is also the program's model: the program's runs taken out."""
     if reflection.calls is None:
@@ -273,7 +253,7 @@ class Recorder:
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
         seconds = time.perf_counter() - self._started
         stats = self.metric.stats
-        program = _program_spent(self._program, self.metric.program_usage) if self.metric.measuring else None
+        program = self.metric.program_usage - self._program if self.metric.measuring else None
         reflection = self._reflection.usage()
         if self.shared:
             reflection = _without_program(reflection, program)
@@ -282,7 +262,7 @@ class Recorder:
             metric=self.metric.name,
             started_at=self._started_at,
             seconds=seconds,
-            judge=_judge_spent(self._judge, self.metric.judge_usage),
+            judge=self.metric.judge_usage - self._judge,
             program=program,
             reflection=reflection,
             metric_calls=spent.pop("calls", 0),
@@ -298,12 +278,12 @@ class _Records:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_id: dict[int, tuple[weakref.ref, RunRecord]] = {}
+        self._by_id: dict[int, tuple[weakref.ref[Any], RunRecord]] = {}
 
     def put(self, target: Any, record: RunRecord) -> None:
         key = id(target)
 
-        def forget(ref: weakref.ref) -> None:
+        def forget(ref: weakref.ref[Any]) -> None:
             with self._lock:
                 entry = self._by_id.get(key)
                 if entry is not None and entry[0] is ref:

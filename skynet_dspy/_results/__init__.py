@@ -2,7 +2,7 @@
 and scoring many cases from the command line.
 
 table.py lays out one row per example (no pandas); frame.py / styled.py make it a DataFrame; report.py,
-receipt.py and plot.py describe a GEPA run; mlflow.py logs all of it; scoring.py and progress.py serve
+receipt.py and plot.py describe a GEPA run; mlflow.py logs all of it; scoring.py and progress.py (tqdm) serve
 `skynet-dspy score`. pandas, matplotlib and mlflow are optional extras, imported on first use.
 """
 

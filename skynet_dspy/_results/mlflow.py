@@ -56,9 +56,9 @@ def log_to_mlflow(
         The run's id.
     """
     mlflow = require("mlflow", "mlflow", "skynet_dspy.log_to_mlflow()")
-    if evaluation is None and metric is None and report is None and contract is None:
+    if all(given is None for given in (evaluation, metric, report, contract)):
         raise ValueError("log_to_mlflow() needs something to log: an evaluation, metric=, report= or contract=")
-    if run_id is not None and not isinstance(run_id, str):
+    if not isinstance(run_id, (str, type(None))):
         raise TypeError(f"run_id must be an MLflow run id (a str), got {type(run_id).__name__}")
     active = mlflow.active_run()
     started: Any = None
@@ -75,13 +75,17 @@ def log_to_mlflow(
             metrics |= _judge_metrics(metric.judge_usage)
         if contract is not None:
             metrics |= _log_contract(mlflow, contract, target)
-        finite = {_key(name): value for name, value in metrics.items() if math.isfinite(value)}
-        if finite:
-            mlflow.log_metrics(finite, run_id=target)
+        _log_finite(mlflow, metrics, target)
     finally:
         if started is not None:
             mlflow.end_run()
     return target
+
+
+def _log_finite(mlflow: Any, metrics: dict[str, float], run_id: str) -> None:
+    finite = {_key(name): value for name, value in metrics.items() if math.isfinite(value)}
+    if finite:
+        mlflow.log_metrics(finite, run_id=run_id)
 
 
 def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected: bool) -> dict[str, float]:
@@ -100,12 +104,18 @@ def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected:
     failures = table.failure_counts(rows)
     metrics["failures"] = float(sum(failures.values()))
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
-    runs = [row.observation for row in rows if row.observation is not None and row.observation.measured]
-    if runs:
-        metrics["run_ms"] = math.fsum(run.run_ms or 0.0 for run in runs) / len(runs)
-        if all(run.cost_usd is not None for run in runs):
-            metrics["cost_usd"] = math.fsum(run.cost_usd or 0.0 for run in runs)
-        metrics["model_calls"] = float(sum(run.model_calls or 0 for run in runs))
+    return metrics | _run_metrics([row.observation for row in rows])
+
+
+def _run_metrics(observations: list[Any]) -> dict[str, float]:
+    """The measured runs' mean time, total cost (when every one is known) and model calls."""
+    runs = [run for run in observations if run is not None and run.measured]
+    if not runs:
+        return {}
+    metrics = {"run_ms": math.fsum(run.run_ms or 0.0 for run in runs) / len(runs),
+               "model_calls": float(sum(run.model_calls or 0 for run in runs))}
+    if all(run.cost_usd is not None for run in runs):
+        metrics["cost_usd"] = math.fsum(run.cost_usd or 0.0 for run in runs)
     return metrics
 
 

@@ -1,135 +1,68 @@
-"""A one-line progress bar for long command-line runs (a check with a judge, scoring thousands of cases).
+"""The progress bar of long runs (a check with a judge, scoring thousands of cases): tqdm's.
 
-Shown only on a terminal and only once the run has taken `delay` seconds, so quick runs and piped output
-stay clean. A ticker thread redraws it, so the elapsed time moves even while one slow call is running.
-`close()` clears the line, so whatever is printed next starts on a clean one.
+tqdm.auto draws a widget in Jupyter and a line on a terminal; anywhere else (a pipe, a log file) nothing is drawn.
+A quick run draws nothing either (tqdm's `delay`). A ticker redraws the bar, so its clock moves even while one
+slow call runs; `close()` clears it, so whatever is printed next starts on a clean line.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
-import time
 from typing import Any, TextIO
+
+from tqdm import tqdm as terminal_bar
+from tqdm.auto import tqdm as auto_bar
 
 from .._core.safe_text import for_terminal
 
-_WIDTH = 24  # characters of the bar itself
-
 
 class Progress:
-    """Progress of `total` steps ("cases", "calls") on `stream`; thread-safe; a context manager."""
+    """Progress of `total` steps ("cases", "calls") on `stream` (stderr, or Jupyter's widget); thread-safe."""
 
-    def __init__(
-        self,
-        label: str,
-        total: int | None = None,
-        *,
-        unit: str = "cases",
-        stream: TextIO | None = None,
-        delay: float = 1.0,
-        interval: float = 0.25,
-        enabled: bool | None = None,
-    ):
-        self.label = label
-        self.total = total
-        self.unit = unit
-        self.stream = stream if stream is not None else sys.stderr
-        self.delay = delay
-        self.interval = interval
-        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
-        self.done = 0
-        self._started = time.monotonic()
+    def __init__(self, label: str, total: int | None = None, *, unit: str = "cases", stream: TextIO | None = None,
+                 delay: float = 1.0, interval: float = 0.25, enabled: bool | None = None):
+        bar = auto_bar if stream is None else terminal_bar  # a given stream: a line on it, never a widget
+        notebook = sys.modules.get("tqdm.notebook")
+        # a terminal whose size is unknown (0 x 0) gets the usual 80 x 24, not tqdm's "draw nothing"
+        size = {} if notebook and issubclass(bar, notebook.tqdm) else dict(
+            zip(("ncols", "nrows"), shutil.get_terminal_size(), strict=True))
+        self.bar = bar(total=total, desc=for_terminal(label), unit=f" {unit}", file=stream, delay=delay,
+                       disable=None if enabled is None else not enabled, leave=False, **size)
         self._lock = threading.Lock()
-        self._drawn = 0  # length of the line on screen, 0 when none is
         self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
-        if self.enabled:
-            self._ticker = threading.Thread(target=self._tick, name="skynet-dspy progress", daemon=True)
-            self._ticker.start()
+        if not self.bar.disable:
+            threading.Thread(target=self._tick, args=(delay, interval), name="skynet-dspy progress",
+                             daemon=True).start()
 
     def advance(self, steps: int = 1) -> None:
         """Count `steps` more steps done."""
         with self._lock:
-            self.done += steps
+            self.bar.update(steps)
 
     def update(self, done: int, total: int | None = None) -> None:
         """Set the steps done (and the total, when it changed); the check's progress(done, planned) callback."""
         with self._lock:
-            self.done = done
-            if total is not None:
-                self.total = total
+            if total is not None and total != self.bar.total:
+                self.bar.total = total
+            self.bar.update(done - self.bar.n)
 
     __call__ = update
 
-    def line(self) -> str:
-        """The progress line as it is drawn now."""
-        with self._lock:
-            done, total = self.done, self.total
-        elapsed = time.monotonic() - self._started
-        rate = done / elapsed if elapsed > 0 else 0.0
-        if total:
-            share = min(1.0, done / total)
-            filled = int(share * _WIDTH)
-            bar = "#" * filled + ("." * (_WIDTH - filled))
-            eta = f", about {_duration((total - done) / rate)} left" if rate > 0 and done < total else ""
-            return (f"{self.label}: [{bar}] {done}/{total} {self.unit} {share:4.0%} "
-                    f"({_duration(elapsed)}, {rate:.1f}/s{eta})")
-        return f"{self.label}: {done} {self.unit} ({_duration(elapsed)}, {rate:.1f}/s)"
-
-    def draw(self) -> None:
-        """Redraw the line now (when enabled)."""
-        if not self.enabled:
-            return
-        text = for_terminal(self.line())  # a caller's label is shown as text, never as control sequences
-        with self._lock:
-            pad = " " * max(0, self._drawn - len(text))
-            self._drawn = len(text)
-        try:
-            self.stream.write(f"\r{text}{pad}")
-            self.stream.flush()
-        except (OSError, ValueError):  # a closed stream: stop drawing
-            self.enabled = False
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.interval):
-            if time.monotonic() - self._started >= self.delay:
-                self.draw()
+    def _tick(self, delay: float, interval: float) -> None:
+        if not self._stop.wait(delay):
+            while not self._stop.wait(interval):
+                with self._lock:
+                    self.bar.refresh()
 
     def close(self) -> None:
-        """Stop redrawing and clear the line."""
+        """Stop redrawing and clear the bar."""
         self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=1.0)
-        with self._lock:
-            drawn, self._drawn = self._drawn, 0
-        if drawn and self.enabled:
-            try:
-                self.stream.write("\r" + " " * drawn + "\r")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
+        self.bar.close()
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._core import secrets
-from .._core.types import JudgeUsage, ProgramUsage
+from .._core.types import JudgeUsage, ProgramUsage, Usage
 from .._core.values import usd
 from .._dspy.record import ReflectionUsage, RunRecord
 
@@ -57,6 +57,15 @@ class CostReceipt:
             notes.append(f"the run ended with an error: {record.error}")
         return cls(record.program, record.judge, record.reflection, record.seconds, record.metric,
                    record.metric_calls, record.memo_hits, dict(record.failures), tuple(notes))
+
+    @property
+    def total(self) -> Usage | None:
+        """The program's, the judge's and the reflection model's calls, tokens, USD and model seconds added up;
+        None when the program's runs or the reflection model's calls could not be counted."""
+        reflection = self.reflection.usage
+        if self.program is None or reflection is None:
+            return None
+        return self.program.usage + Usage.of(self.judge) + reflection
 
     @property
     def total_usd(self) -> float | None:

@@ -97,21 +97,26 @@ class OptimizationReport:
     def _score_names(self) -> list[str]:
         return list(dict.fromkeys(name for candidate in self.candidates for name in candidate.scores))
 
+    def _table_lines(self) -> list[str]:
+        """The candidates as a text table, columns aligned."""
+        if not self.candidates:
+            return []
+        names = self._score_names()
+        header = ["#", "parents", "metric calls", "val score", *names]
+        table = [header] + [
+            [f"{c.index}{' best' if c.index == self.best else ''}", ",".join(map(str, c.parents)) or "-",
+             "-" if c.metric_calls is None else str(c.metric_calls), f"{c.score:.3f}",
+             *(_number(c.scores.get(name)) for name in names)]
+            for c in self.candidates
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                for row in table]
+
     def __str__(self) -> str:
         lines = [f"{self.source} run: {len(self.candidates)} candidate(s)"
                  + (f", {self.total_metric_calls} metric calls" if self.total_metric_calls is not None else "")]
-        names = self._score_names()
-        if self.candidates:
-            header = ["#", "parents", "metric calls", "val score", *names]
-            table = [header] + [
-                [f"{c.index}{' best' if c.index == self.best else ''}", ",".join(map(str, c.parents)) or "-",
-                 "-" if c.metric_calls is None else str(c.metric_calls), f"{c.score:.3f}",
-                 *(_number(c.scores.get(name)) for name in names)]
-                for c in self.candidates
-            ]
-            widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-            lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                      for row in table]
+        lines += self._table_lines()
         if self.named_scores:
             lines.append("Named scores, seed -> best: " + ", ".join(
                 f"{name} {_number(seed)} -> {_number(best)}" for name, (seed, best) in self.named_scores.items()))
@@ -172,7 +177,7 @@ class OptimizationReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report in plain values (JSON-ready: every string valid UTF-8)."""
-        return safe_text.json_safe({
+        plain: dict[str, Any] = safe_text.json_safe({
             "source": self.source,
             "best": self.best,
             "total_metric_calls": self.total_metric_calls,
@@ -186,6 +191,7 @@ class OptimizationReport:
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,
             "notes": list(self.notes),
         })
+        return plain
 
 
 def _number(value: float | None) -> str:

@@ -107,9 +107,7 @@ def rows_of(evaluation: Any) -> list[Row]:
 def layout(rows: Sequence[Row], include_expected: bool = False) -> Layout:
     """The columns for `rows`: fixed ones first, then named scores, then inputs; a taken name gets a prefix."""
     taken: set[str] = set(FIXED)
-    output_fields = _union(row.output.keys() for row in rows if isinstance(row.output, dict) and row.output)
-    several = any(isinstance(row.output, dict) and len(row.output) > 1 for row in rows)
-    outputs = {name: f"output.{name}" for name in output_fields} if several else {"": "output"}
+    outputs = _output_columns(rows)
     taken |= set(outputs.values())
     expected: dict[str, str] = {}
     if include_expected:
@@ -119,6 +117,14 @@ def layout(rows: Sequence[Row], include_expected: bool = False) -> Layout:
     inputs = named(_union(row.inputs.keys() for row in rows), taken, "input")
     measured = any(row.observation is not None and row.observation.measured for row in rows)
     return Layout(inputs, outputs, expected, scores, measured)
+
+
+def _output_columns(rows: Sequence[Row]) -> dict[str, str]:
+    """field → column: "output" alone, or "output.NAME" per field when some output has several fields."""
+    dicts = [row.output for row in rows if isinstance(row.output, dict) and row.output]
+    if not any(len(output) > 1 for output in dicts):
+        return {"": "output"}
+    return {name: f"output.{name}" for name in _union(output.keys() for output in dicts)}
 
 
 def named(names: Iterable[str], taken: set[str], prefix: str) -> dict[str, str]:

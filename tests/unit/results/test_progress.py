@@ -1,4 +1,5 @@
-"""The command line's progress bar: drawn on a terminal after a delay, moving while a call runs, cleared at the end."""
+"""The command line's progress bar (tqdm): drawn on a terminal after a delay, moving while a call runs, cleared at
+the end, a widget in Jupyter, nothing in a pipe."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def test_the_bar_shows_steps_done_of_the_total_and_is_cleared_when_closed():
     with Progress("skynet-dspy score", 10, unit="cases", stream=stream, delay=0, interval=0.01) as progress:
         for _ in range(4):
             progress.advance()
-        shown = _wait_for(stream, "4/10 cases")
-    assert "skynet-dspy score: [#########" in shown and " 40% " in shown
+        shown = _wait_for(stream, "4/10")
+    assert "skynet-dspy score:  40%|####" in shown and "cases/s" in shown
     assert stream.getvalue().endswith("\r")  # the last write blanks the line and returns to its start
 
 
@@ -34,7 +35,7 @@ def test_the_clock_moves_while_one_slow_call_runs():
     stream = Terminal()
     with Progress("skynet-dspy check", unit="calls", stream=stream, delay=0, interval=0.01) as progress:
         progress.update(0, 3)  # check_contract's progress(done, planned)
-        _wait_for(stream, "0/3 calls")
+        _wait_for(stream, "0/3")
         drawn = stream.getvalue().count("\r")
         time.sleep(0.2)
         assert stream.getvalue().count("\r") > drawn  # redrawn with no step done
@@ -53,9 +54,29 @@ def test_nothing_is_drawn_off_a_terminal_or_before_the_delay():
     assert terminal.getvalue() == ""
 
 
-def test_the_line_says_rate_and_time_left():
-    progress = Progress("x", 100, enabled=False)
-    progress.advance(50)
-    line = progress.line()
-    assert "50/100 cases" in line and "/s" in line and "left" in line
-    progress.close()
+def test_a_label_is_shown_as_text_never_as_control_sequences():
+    stream = Terminal()
+    with Progress("evil\x1b]0;title\x07", 2, stream=stream, delay=0, interval=0.01) as progress:
+        progress.advance()
+        shown = _wait_for(stream, "1/2")
+    assert "\x1b" not in shown and "\x07" not in shown
+
+
+def test_in_a_jupyter_kernel_the_bar_is_a_widget():
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        "from tqdm.notebook import tqdm as widget\n"
+        "from skynet_dspy._results.progress import Progress\n"
+        "with Progress('skynet-dspy check', 3, unit='calls', delay=0) as progress:\n"
+        "    progress.advance(3)\n"
+        "    print(isinstance(progress.bar, widget), progress.bar.disable)\n"
+    ))
+    NotebookClient(notebook, km=KernelManager(kernel_name="python3"), timeout=120).execute()
+    outputs = notebook.cells[0].outputs
+    printed = "".join(output.get("text", "") for output in outputs)
+    assert printed.strip() == "True False"
+    assert any("application/vnd.jupyter.widget-view+json" in output.get("data", {}) for output in outputs)

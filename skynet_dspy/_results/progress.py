@@ -36,6 +36,11 @@ class Progress:
             threading.Thread(target=self._tick, args=(delay, interval), name="skynet-dspy progress",
                              daemon=True).start()
 
+    @property
+    def enabled(self) -> bool:
+        """Whether a bar is drawn (a terminal or Jupyter, not a pipe)."""
+        return not self.bar.disable
+
     def advance(self, steps: int = 1) -> None:
         """Count `steps` more steps done."""
         with self._lock:

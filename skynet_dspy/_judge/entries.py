@@ -7,7 +7,7 @@ import json
 import os
 import socket
 import threading
-import time
+import uuid
 from typing import Any
 
 from .._core import secrets
@@ -122,8 +122,7 @@ class WarnOnce:
         )
 
 
-HEARTBEAT = 1.0  # seconds between the refreshes of the in-flight markers this process holds
-MARKER_TTL = 5.0  # a marker not refreshed for this long expires: its owner is silent (hung, or on a dead machine)
+MARKER_TTL = 30.0  # an in-flight marker expires after this long: its owner is slow, silent, or on a dead machine
 
 
 def _started(pid: int) -> str | None:
@@ -137,17 +136,10 @@ def _started(pid: int) -> str | None:
         return None
 
 
-def owner_marker(token: str) -> str:
+def owner_marker() -> str:
     """An in-flight marker's value: who holds it (host, pid, the process's start time) and a token of its own."""
     pid = os.getpid()
-    return json.dumps({"host": socket.gethostname(), "pid": pid, "start": _started(pid), "token": token})
-
-
-def marker_token(raw: Any) -> str | None:
-    """The token in a marker's value (None for a value that is not a marker of this version)."""
-    owner = _owner(raw)
-    token = owner.get("token") if owner is not None else None
-    return token if isinstance(token, str) else None
+    return json.dumps({"host": socket.gethostname(), "pid": pid, "start": _started(pid), "token": uuid.uuid4().hex})
 
 
 def owner_gone(raw: Any) -> bool:
@@ -181,43 +173,3 @@ def _owner(raw: Any) -> dict[str, Any] | None:
     except ValueError:
         return None
     return owner if isinstance(owner, dict) else None
-
-
-class HeldLocks:
-    """The in-flight markers this process holds on a shared store, by request key, each with its own token
-    (so releasing never frees another process's marker on the same key). While any is held, a daemon thread
-    refreshes them every HEARTBEAT seconds with `refresh(key, token)`, so they outlive MARKER_TTL only while
-    this process lives."""
-
-    def __init__(self, refresh: Any = None) -> None:
-        self._tokens: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._refresh = refresh
-        self._beating = False
-
-    def hold(self, key: str, token: str) -> None:
-        with self._lock:
-            self._tokens[key] = token
-            start = self._refresh is not None and not self._beating
-            self._beating = self._beating or start
-        if start:
-            threading.Thread(target=self._beat, name="skynet-dspy judge cache heartbeat", daemon=True).start()
-
-    def release(self, key: str) -> str | None:
-        """The token of this process's marker on `key`, now forgotten; None when it holds none."""
-        with self._lock:
-            return self._tokens.pop(key, None)
-
-    def _beat(self) -> None:
-        while True:
-            time.sleep(HEARTBEAT)
-            with self._lock:
-                held = list(self._tokens.items())
-                if not held:
-                    self._beating = False
-                    return
-            for key, token in held:
-                try:
-                    self._refresh(key, token)
-                except Exception:  # noqa: BLE001 - a store that fails now: the marker expires by itself
-                    pass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gepa.lm import LM as GepaLM
@@ -203,15 +203,9 @@ def _reader(model: Any) -> Any:
 
 def _judge_spent(before: JudgeUsage, after: JudgeUsage) -> JudgeUsage:
     cost = None if before.cost_usd is None or after.cost_usd is None else after.cost_usd - before.cost_usd
-    return JudgeUsage(
-        calls=after.calls - before.calls,
-        cache_hits=after.cache_hits - before.cache_hits,
-        prompt_tokens=after.prompt_tokens - before.prompt_tokens,
-        completion_tokens=after.completion_tokens - before.completion_tokens,
-        cost_usd=cost,
-        seconds=after.seconds - before.seconds,
-        errors=after.errors - before.errors,
-    )
+    counts = {item.name: getattr(after, item.name) - getattr(before, item.name) for item in fields(JudgeUsage)
+              if item.name != "cost_usd"}
+    return JudgeUsage(**counts, cost_usd=cost)
 
 
 def _program_spent(before: ProgramUsage, after: ProgramUsage) -> ProgramUsage:
@@ -268,9 +262,12 @@ class Recorder:
         self._program = self.metric.program_usage
         self._stats = dict(self.metric.stats)
         self._reflection = _reader(self.reflection_model)
+        self._run = self.metric.scorer.run()  # says at its end how many calls could not reach the judge
+        self._run.__enter__()
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        self._run.__exit__(kind, error, traceback)
         seconds = time.perf_counter() - self._started
         stats = self.metric.stats
         program = _program_spent(self._program, self.metric.program_usage) if self.metric.measuring else None

@@ -102,7 +102,7 @@ def test_one_fault_is_retried_to_success(judge_metric, judge_server, fault):
     assert len(requests) == 2, f"{fault}: one failed attempt, one retry"
     assert requests[0].body["messages"] == requests[1].body["messages"], "the retry is the same request"
     usage = judge_metric.judge_usage
-    assert (usage.calls - before.calls, usage.errors - before.errors) == (2, 1), "one attempt failed, one answered"
+    assert (usage.requests - before.requests, usage.retries - before.retries) == (2, 1), "one failed, one retried"
     if fault == "429_retry_after":
         assert requests[1].at - requests[0].at >= 0.25, "the retry waited for the server's Retry-After"
 

@@ -15,7 +15,6 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,13 @@ from typing import Any
 from .._core import secrets
 from .._core.lru import LRU
 from .._core.values import whole_number
-from .entries import MARKER_TTL, BadEntry, WarnOnce, entry_text, owner_gone, owner_marker, stored_entry
+from .entries import MARKER_TTL, BadEntry, SharedStore, owner_gone
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
 DEFAULT_DISK_CACHE_SIZE = 2**30  # bytes on disk before the least recently stored answers are evicted
 DISK_LOCK_TIMEOUT = 1.0  # seconds to wait for a disk store another process holds before going on without it
 WRITE_QUEUE_WAIT = 5.0  # seconds a write waits for this process's other writes (each bounded by the lock timeout)
-BUSY_BACKOFF = 2.0  # seconds a store is skipped after it was busy or broken, so waiting threads go on at once
 OPEN_WAIT = 2.0  # seconds load_metric waits to open a disk store another process holds before going on without it
-WAIT_STEP = 0.05  # seconds between looks for an answer another process is fetching
-IN_FLIGHT_PREFIX = "skynet-dspy:in-flight:"
 
 
 def private_folder(path: Path, option: str = "judge_cache", what: str = "the judge cache") -> str:
@@ -118,93 +114,6 @@ def json_cache(path: Path, what: str, **settings: Any) -> Any:
     import diskcache
 
     return diskcache.Cache(private_folder(path.expanduser(), "folder", what), disk=safe_disk(diskcache), **settings)
-
-
-class SharedStore:
-    """A store processes share (a folder, a Redis server): answers by key, and an in-flight marker per key so an
-    identical request is sent once. A subclass reads and writes raw values and sets / clears markers."""
-
-    errors: tuple[type[BaseException], ...] = (OSError,)
-
-    def __init__(self, where: str):
-        self.where = where
-        self._warn = WarnOnce()
-        self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
-        self._held: dict[str, str] = {}  # the markers this process set, by key
-        self._held_lock = threading.Lock()
-
-    def _raw(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def _write(self, key: str, entry: str) -> None:
-        raise NotImplementedError
-
-    def _claim(self, marker: str, owner: str) -> bool:
-        raise NotImplementedError
-
-    def _unclaim(self, marker: str, owner: str) -> None:
-        raise NotImplementedError
-
-    def skipping(self) -> bool:
-        return bool(self._skip_until) and time.monotonic() < self._skip_until
-
-    def _failed(self, exc: BaseException) -> None:
-        """An operation failed: warn (once) and skip the store for BUSY_BACKOFF, so a store that hangs costs one call
-        its timeout, not every call."""
-        self._skip_until = time.monotonic() + BUSY_BACKOFF
-        self._warn(self.where, exc)
-
-    def get(self, key: str) -> str | None:
-        if self.skipping():
-            return None
-        try:
-            return self._read(key)
-        except self.errors as exc:
-            self._failed(exc)
-            return None
-
-    def _read(self, key: str) -> str | None:
-        """The answer stored under `key`; None for none, and for a foreign or damaged entry (warned once)."""
-        try:
-            return entry_text(self._raw(key), key)
-        except (BadEntry, UnicodeDecodeError, ValueError) as exc:
-            self._warn.bad_entry(self.where, exc if isinstance(exc, BadEntry) else BadEntry(str(exc)))
-            return None
-
-    def put(self, key: str, text: str, request: dict[str, Any]) -> None:
-        if self.skipping():
-            return
-        try:
-            self._write(key, stored_entry(text, request, key))
-        except self.errors as exc:
-            self._failed(exc)
-
-    def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
-        """None when this process should send the request (it holds the marker on `key` now); else the answer another
-        process fetched while this one waited (at most `patience` seconds, or until `stop` is set)."""
-        owner, deadline, stop = owner_marker(), time.monotonic() + patience, stop or threading.Event()
-        try:
-            while not self.skipping():
-                if self._claim(IN_FLIGHT_PREFIX + key, owner):
-                    with self._held_lock:
-                        self._held[key] = owner
-                    return self._read(key)  # the answer may have been stored since this process looked
-                text = self._read(key)
-                if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
-                    return text
-        except self.errors as exc:
-            self._failed(exc)
-        return None
-
-    def release(self, key: str) -> None:
-        """Clear the marker on `key` if this process set it (another process's is left alone; it also expires)."""
-        with self._held_lock:
-            owner = self._held.pop(key, None)
-        if owner is not None:
-            try:
-                self._unclaim(IN_FLIGHT_PREFIX + key, owner)
-            except self.errors as exc:
-                self._failed(exc)
 
 
 class DiskStore(SharedStore):

@@ -13,8 +13,7 @@ from typing import Any
 
 from .._core import secrets
 from ..errors import MissingExtra
-from .cache import SharedStore
-from .entries import MARKER_TTL, owner_gone
+from .entries import MARKER_TTL, SharedStore, owner_gone
 
 KEY_PREFIX = "skynet-dspy:judge:"
 SOCKET_TIMEOUT = 2.0  # seconds for any Redis command: a slow server never holds a judge call for long

@@ -154,6 +154,9 @@ class LLMPool:
         finally:
             with self._lock:
                 self._waiting -= 1
+                if self._threads - self._waiting > self.size and self._idle > self._pending:
+                    self._queue.put(_leave)  # a thread started while this one waited, idle now: one fewer
+                    self._pending += 1
 
     def _loop(self) -> None:
         self._mine.pool = self
@@ -162,6 +165,9 @@ class LLMPool:
             with self._lock:
                 self._pending -= 1
                 self._idle -= 1
+                self._threads -= work is _leave
+            if work is _leave:
+                return
             try:
                 work()
             except BaseException:  # noqa: BLE001 - a pool thread outlives what it ran
@@ -172,6 +178,10 @@ class LLMPool:
                 self._idle += not surplus
             if surplus:
                 return
+
+
+def _leave() -> None:
+    """Queued to an LLMPool: the thread that takes it ends (the pool is above its size)."""
 
 
 LLM_POOL_SIZE = 32  # threads answering worker processes' llm() requests, per process

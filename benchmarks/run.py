@@ -1,6 +1,6 @@
 """`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Twelve benchmarks, each against its baseline in the same run:
+Thirteen benchmarks, each against its baseline in the same run:
 
 1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
    with isolation="thread", vs the bare `score(input, output, expected)`;
@@ -22,6 +22,7 @@ Twelve benchmarks, each against its baseline in the same run:
 11. isolation="ray" on a local Ray vs processes: per-call overhead, a CPU-bound metric's throughput, the
    driver's CPU time per call and the calls/s one driver can sustain (benchmarks/ray_cluster.py).
 12. sandbox=True (bubblewrap): per-call overhead and worker start time, with and without the sandbox.
+13. sporadic 429s (one in twenty) from a 50-300 ms judge: the judge vs dspy.LM's own retry.
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -46,10 +47,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache", 9: "worker_pool", 10: "judge_limits", 11: "ray_cluster", 12: "sandbox"}
+         8: "judge_cache", 9: "worker_pool", 10: "judge_limits", 11: "ray_cluster", 12: "sandbox", 13: "judge_429"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 10, 3, 11)
+ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 10, 13, 3, 11)
 
 
 @dataclass
@@ -78,12 +79,13 @@ class Sizes:
     ray_calls: int = 2000  # 11: calls timed one at a time, and calls from many threads for the driver's CPU
     ray_cpu_examples: int = 100  # 11: dspy.Evaluate examples of the CPU-bound metric per isolation
     limit_requests: int = 1000  # 10: judge requests per row
+    sporadic_requests: int = 400  # 13: judge requests per row
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
               isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2,
-              ray_calls=100, ray_cpu_examples=8, limit_requests=40)
+              ray_calls=100, ray_cpu_examples=8, limit_requests=40, sporadic_requests=80)
 
 
 def _quiet() -> None:
@@ -196,6 +198,11 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
 
         say(f"judge limits: {sizes.limit_requests:,} requests from 16 threads, with and without a limit ...")
         return judge_limits.run(sizes.limit_requests)
+    if number == 13:
+        from benchmarks import judge_429
+
+        say(f"sporadic 429s: {sizes.sporadic_requests:,} requests from 8 threads, the judge vs dspy.LM's retry ...")
+        return judge_429.run(sizes.sporadic_requests)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -368,6 +375,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         from benchmarks import judge_limits
 
         out += judge_limits.rows(doc["judge_limits"])
+    if "judge_429" in doc:
+        from benchmarks import judge_429
+
+        out += judge_429.rows(doc["judge_429"])
     return out
 
 

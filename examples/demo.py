@@ -139,7 +139,7 @@ def _describe_usage(usage: Any) -> str:
     if usage is None:
         return "not available"
     cost = f"${usage.cost_usd:.6f}" if usage.cost_usd is not None else "cost unknown"
-    return (f"{usage.calls} call(s), {usage.cache_hits} cache hit(s), {usage.total_tokens} tokens, {cost}, "
+    return (f"{usage.requests} request(s), {usage.cache_hits} cache hit(s), {usage.total_tokens} tokens, {cost}, "
             f"{usage.seconds:.2f} s")
 
 

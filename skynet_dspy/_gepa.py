@@ -340,7 +340,7 @@ class Evaluator:
 
 # Failures that say nothing of the candidate (the metric was not run, or a spending cap refused the calls):
 # GEPA's evaluation cache must not keep them, and this side_info key is how its adapter is told so.
-_NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP, Failure.LOAD})
+_NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP, Failure.LOAD, Failure.JUDGE_UNREACHABLE})
 
 
 _NO_OUTPUT: Any = object()  # run() raised or was not run: no "Generated Outputs" to show

@@ -14,7 +14,7 @@ from .report import Call, CheckItem, Role
 _TOLERANCE = 1e-9
 # Failures that break the contract on any call, and failures that stop the check (nothing more is run).
 _ALWAYS_BROKEN = frozenset({Failure.INVALID, Failure.MISSING_FIELD, Failure.CRASHED, Failure.JUDGE_NOT_CONFIGURED,
-                            Failure.JUDGE_ERROR, Failure.SPEND_CAP, Failure.LOAD})
+                            Failure.JUDGE_ERROR, Failure.JUDGE_UNREACHABLE, Failure.SPEND_CAP, Failure.LOAD})
 STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED})
 _PERFECT = Item.PERFECT_OUTPUT
 _NAMED_SCORE_RULES = ("scores is not a dict", "too many named scores", "named score")

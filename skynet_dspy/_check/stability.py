@@ -166,7 +166,7 @@ def announce(metric: RepeatedMetric, report: ContractReport, runs: int, max_spre
     """Log what the repeats will cost, estimated from the check's first pass (`before`: the judge's usage before
     it); the Stability the repeats will fill."""
     more = (runs - 1) * sum(run.own is not None for run in report.cases)
-    stability = Stability(runs, max_spread, estimate=_estimate(_usage_since(before, metric.judge_usage),
+    stability = Stability(runs, max_spread, estimate=_estimate(metric.judge_usage - before,
                                                                len(report.calls), more))
     logger.warning("skynet-dspy check: %s", stability.estimate)
     return stability
@@ -204,8 +204,8 @@ def repeat_cases(
     finally:
         if handler is not None:
             metric.scorer.llm = handler
-        spent = _usage_since(start, metric.judge_usage)
-        stability.judge_requests, stability.judge_cost_usd = spent.calls, spent.cost_usd
+        spent = metric.judge_usage - start
+        stability.judge_requests, stability.judge_cost_usd = spent.requests, spent.cost_usd
 
 
 def stability_item(stability: Stability | None, broken: list[str]) -> CheckItem:
@@ -269,21 +269,16 @@ def _asking_again(handler: LLMHandler) -> LLMHandler:
     return answer
 
 
-def _usage_since(before: JudgeUsage, after: JudgeUsage) -> JudgeUsage:
-    cost = None if before.cost_usd is None or after.cost_usd is None else after.cost_usd - before.cost_usd
-    return JudgeUsage(calls=after.calls - before.calls, cache_hits=after.cache_hits - before.cache_hits,
-                      cost_usd=cost)
-
-
 def _estimate(first_pass: JudgeUsage, calls: int, more_calls: int) -> str:
     """What the repeats will cost, from what the first pass used: judge requests per call, dollars per request."""
     head = f"repeating each case's call: {more_calls} more call(s) of score"
-    asked = first_pass.calls + first_pass.cache_hits  # every request asks the judge again in a repeat
+    # every llm() call asks the judge again in a repeat
+    asked = first_pass.requests - first_pass.retries + first_pass.cache_hits
     if not asked or not calls:
         return f"{head}; the first pass made no llm() request, so the repeats should cost no judge request"
     requests = math.ceil(asked / calls * more_calls)
-    if first_pass.calls and first_pass.cost_usd is not None:
-        price = f", about {dollars(first_pass.cost_usd / first_pass.calls * requests)}"
+    if first_pass.requests and first_pass.cost_usd is not None:
+        price = f", about {dollars(first_pass.cost_usd / first_pass.requests * requests)}"
     else:
         price = " (their price is unknown: the first pass's answers came from the cache or had no price)"
     return (f"{head}, about {requests} judge request(s){price}, estimated from the first pass; a judge spending cap "

@@ -101,12 +101,16 @@ def current_scope() -> CallScope | None:
 class LLMPool:
     """A bounded set of daemon threads answering llm() requests for worker processes, reused across calls.
 
-    Hand-written rather than concurrent.futures.ThreadPoolExecutor: that one's threads are joined at
-    interpreter exit, so a request hung in HTTP would hold the user's process from exiting.
+    At most `size` threads run requests at once. A request that waits (for its rate-limit or concurrency turn, a
+    429's pause, a retry's backoff: `waiting()`) gives its place back while it waits, so one metric's limits never
+    hold the threads another metric's requests need. Hand-written rather than concurrent.futures.ThreadPoolExecutor:
+    that one's threads are joined at interpreter exit, so a request hung in HTTP would hold the user's process from
+    exiting, and it has no way to give a place back.
     """
 
     def __init__(self, size: int):
         self.size = size
+        self._mine = threading.local()  # .pool is self on this pool's threads
         self._reset()
 
     def _reset(self) -> None:
@@ -116,32 +120,68 @@ class LLMPool:
         self._threads = 0
         self._idle = 0  # threads waiting for work (a thread being started counts as waiting)
         self._pending = 0  # work queued and not taken yet
+        self._waiting = 0  # threads whose request waits for its turn (not counted against `size`)
 
     def submit(self, work: Callable[[], None]) -> None:
-        """Run `work` on a pool thread: one waiting, else a new one while fewer than `size` run, else the first
-        to finish its work."""
+        """Run `work` on a pool thread: one waiting, else a new one while fewer than `size` run requests, else the
+        first to finish its work or to start waiting."""
         with self._lock:
             self._queue.put(work)
             self._pending += 1
-            start = self._pending > self._idle and self._threads < self.size
+        self._grow()
+
+    def _grow(self) -> None:
+        with self._lock:
+            start = self._pending > self._idle and self._threads - self._waiting < self.size
             if start:
                 self._threads += 1
                 self._idle += 1
         if start:
             threading.Thread(target=self._loop, name="skynet-llm-pool", daemon=True).start()
 
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Within this block, a pool thread's request waits and does not count against the pool's size (elsewhere,
+        nothing changes)."""
+        if getattr(self._mine, "pool", None) is not self:
+            yield
+            return
+        with self._lock:
+            self._waiting += 1
+        self._grow()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                if self._threads - self._waiting > self.size and self._idle > self._pending:
+                    self._queue.put(_leave)  # a thread started while this one waited, idle now: one fewer
+                    self._pending += 1
+
     def _loop(self) -> None:
+        self._mine.pool = self
         while True:
             work = self._queue.get()
             with self._lock:
                 self._pending -= 1
                 self._idle -= 1
+                self._threads -= work is _leave
+            if work is _leave:
+                return
             try:
                 work()
             except BaseException:  # noqa: BLE001 - a pool thread outlives what it ran
                 pass
             with self._lock:
-                self._idle += 1
+                surplus = self._threads - self._waiting > self.size  # started while others waited: not kept
+                self._threads -= surplus
+                self._idle += not surplus
+            if surplus:
+                return
+
+
+def _leave() -> None:
+    """Queued to an LLMPool: the thread that takes it ends (the pool is above its size)."""
 
 
 LLM_POOL_SIZE = 32  # threads answering worker processes' llm() requests, per process

@@ -70,13 +70,15 @@ class ModelNotConfigured(SkynetDspyError, RuntimeError):
 class LLMCallError(SkynetDspyError, RuntimeError):
     """The judge model could not answer: a refused key, a bad request, or retries used up.
 
-    `status` is the HTTP status when there was one; `refused` is True for a refused or missing key.
+    `status` is the HTTP status when there was one; `refused` is True for a refused or missing key; `unreachable`
+    is True when the judge could not be reached or kept failing after its retries (not a setup error).
     """
 
-    def __init__(self, message: str, status: int | None = None, *, refused: bool = False):
+    def __init__(self, message: str, status: int | None = None, *, refused: bool = False, unreachable: bool = False):
         super().__init__(message)
         self.status = status
         self.refused = refused
+        self.unreachable = unreachable
 
 
 class SpendCapReached(SkynetDspyError, RuntimeError):
@@ -117,7 +119,7 @@ def judge_failure(exc: BaseException) -> Failure | None:
     if isinstance(exc, SpendCapReached):
         return Failure.SPEND_CAP
     if isinstance(exc, LLMCallError):
-        return Failure.JUDGE_ERROR
+        return Failure.JUDGE_UNREACHABLE if getattr(exc, "unreachable", False) else Failure.JUDGE_ERROR
     return None
 
 
@@ -127,4 +129,4 @@ def judge_error(kind: Failure, message: str, status: int | None = None, refused:
         return ModelNotConfigured(message)
     if kind is Failure.SPEND_CAP:
         return SpendCapReached(message)
-    return LLMCallError(message, status, refused=refused)
+    return LLMCallError(message, status, refused=refused, unreachable=kind is Failure.JUDGE_UNREACHABLE)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +76,11 @@ def neutral_feedback(outcome: Outcome, timeout: float) -> str:
         return (
             "Not scored: the metric's judge model could not answer; this is a setup problem, not a fault of the output."
         )
+    if kind is Failure.JUDGE_UNREACHABLE:
+        return (
+            "Not scored: the metric's judge model could not be reached (its requests failed after their retries); "
+            "this is not a fault of the output."
+        )
     if kind is Failure.SPEND_CAP:
         return "Not scored: a spending cap was reached, so no more model calls are made."
     return "Not scored: the metric could not score this output."
@@ -133,6 +140,8 @@ class Scorer:
         self._counts: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._streak = 0  # failed calls in a row
+        self._runs = 0  # Evaluates and optimizations in progress (run())
+        self._unreachable = ""  # the latest judge_unreachable failure's detail, for judge_summary()
         self._program = ProgramUsage()  # the measured runs of the calls made, added up
         self.closed = False
 
@@ -149,8 +158,9 @@ class Scorer:
             self._counts["calls"] += 1
             if isinstance(request.observation, Observation):
                 self._program = self._program.plus(request.observation)
-        if outcome.judge_problem is not None and outcome.judge_problem is not Failure.SPEND_CAP:
-            self._setup_problem(outcome.judge_problem, outcome.judge_detail or "")
+        problem = outcome.judge_problem
+        if problem is not None and problem not in (Failure.SPEND_CAP, Failure.JUDGE_UNREACHABLE):
+            self._setup_problem(problem, outcome.judge_detail or "")
         if outcome.result is not None:
             with self._lock:
                 self._streak = 0
@@ -178,6 +188,8 @@ class Scorer:
             streak = self._streak if in_streak else 0
             first = kind not in self._logged
             self._logged.add(kind)
+            if kind is Failure.JUDGE_UNREACHABLE:
+                self._unreachable = detail
         if kind is Failure.SPEND_CAP:
             pass  # logged once, as an error, where the cap was reached (_judge/spend.py)
         elif kind in _SETUP_PROBLEMS:
@@ -196,6 +208,36 @@ class Scorer:
                 self.info.label, streak, kind, detail, self.failure_score,
             )
         return Result(self.failure_score, text, None, {}, kind, detail)
+
+    @contextmanager
+    def run(self) -> Iterator[None]:
+        """An Evaluate or an optimization: at the end of the outermost one in progress, judge_summary() of its
+        calls."""
+        with self._lock:
+            self._runs += 1
+            outer, before = self._runs == 1, Counter(self._counts)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
+            if outer:
+                self.judge_summary(before)
+
+    def judge_summary(self, before: Counter[str] | None = None) -> str | None:
+        """Say once how many calls (since the counts `before`) could not reach the judge; the sentence, or None when
+        all could."""
+        before = before or Counter()
+        with self._lock:
+            failed = self._counts[Failure.JUDGE_UNREACHABLE] - before[Failure.JUDGE_UNREACHABLE]
+            calls = self._counts["calls"] - before["calls"]
+            detail = self._unreachable
+        if failed <= 0:
+            return None
+        text = (f"{failed} of {calls} calls could not reach the judge: {detail}. They scored {self.failure_score:g} "
+                f"(failure kind {Failure.JUDGE_UNREACHABLE.value} in metric.stats and the results table)")
+        logger.error("skynet-dspy metric %s: %s.", self.info.label, text)
+        return text
 
     def _setup_problem(self, kind: Failure, detail: str) -> None:
         """Log a setup problem (no judge model, a refused key, a spending cap) as an error, the first time."""

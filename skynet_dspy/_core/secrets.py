@@ -5,7 +5,8 @@ Redaction does not depend on knowing every key in advance. It masks:
   set after a metric was loaded is masked (the rules: `env_credential`, below; docs/safe-output.md);
 - every key given to the package (`register`), whatever its length from 4 characters;
 - common key shapes by pattern: `sk-...`, `Bearer ...`, `Basic ...`, `?api_key=...` / `&key=...` query parameters,
-  URL userinfo `user:pass@`, AWS access key ids;
+  URL userinfo `user:pass@`, AWS access key ids, JWTs (`eyJ...`), PEM private key blocks, a connection string's
+  `AccountKey=` / `Password=`;
 - the escaped forms of known keys (repr, JSON, HTML), for text built from an escaped value.
 
 Callers redact before escaping (HTML, JSON, repr) so an escaped key never slips past.
@@ -21,29 +22,36 @@ import json
 import os
 import re
 import threading
+from typing import Any
 
 MASK = "***"
 MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
 MIN_ENV_LENGTH = 4  # an environment credential is masked (and kept from workers) from this length
 
 # The environment-variable rules, in one place (documented in docs/safe-output.md):
-# - a name that says it is a secret (PASSWORD, PASSWD, PASS as a whole part, SECRET, CREDENTIAL): its value is
-#   a credential from MIN_ENV_LENGTH characters, whatever it looks like ("true"/"false" aside, see below);
-# - a name that says it is a key, token or authentication (KEY, TOKEN, AUTH but not AUTHOR, PAT as a whole
+# - a name that says it is a secret (PASSWORD, PASSWD, PASSPHRASE, PASS as a whole part or a suffix as in SSHPASS,
+#   PWD after a prefix as in MYSQL_PWD (PWD alone is the working folder), SECRET, CREDENTIAL, CONNECTION_STRING):
+#   its value is a credential from MIN_ENV_LENGTH characters, whatever it looks like ("true"/"false" aside, see below);
+# - a name that says it is a key, token or authentication (KEY, TOKEN, JWT, AUTH but not AUTHOR, PAT as a whole
 #   part, COOKIE, WEBHOOK, DSN): its value is a credential from MIN_ENV_LENGTH characters unless it is plainly
 #   a setting: true/false, yes/no, on/off, or a number (TOKENIZERS_PARALLELISM=false, MAX_TOKENS=4096), or its
 #   name ends in a word that names a setting about the credential, not the credential (RAY_AUTH_MODE=token,
 #   AUTH_TYPE=basic, SSL_KEY_FILE=/etc/key.pem: _MODE, _TYPE, _METHOD, _SCHEME, _PROVIDER, _BACKEND, _STRATEGY,
 #   _LEVEL, _FILE, _PATH, _DIR, _ENABLED, _DISABLED);
 # "true" and "false" are never masked in text: masking them would break every JSON document the package prints.
-_SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|CREDENTIAL|(?:^|_)PASS(?:$|_)", re.IGNORECASE)
-_KEY_NAME = re.compile(r"KEY|TOKEN|COOKIE|WEBHOOK|DSN|AUTH(?!OR)|(?:^|_)PAT(?:$|_)", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CONNECTION_?STRING|(?:^|_)PASS(?:$|_)|(?<!BY)PASS$|.+_PWD(?:$|_)",
+    re.IGNORECASE,
+)
+_KEY_NAME = re.compile(r"KEY|TOKEN|COOKIE|WEBHOOK|DSN|JWT|AUTH(?!OR)|(?:^|_)PAT(?:$|_)", re.IGNORECASE)
 _SETTING = re.compile(r"\s*(?:true|false|yes|no|on|off|[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*",
                       re.IGNORECASE)
 _SETTING_NAME = re.compile(
     r"_(?:MODE|TYPE|METHOD|SCHEME|PROVIDER|BACKEND|STRATEGY|LEVEL|FILE|PATH|DIR|ENABLED|DISABLED)$", re.IGNORECASE
 )
 _NEVER_MASKED = frozenset({"true", "false"})
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*")
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[\s\S]*)")
 _SHAPES = (
     # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
@@ -68,6 +76,10 @@ _SHAPES = (
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), MASK),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), MASK),
     (re.compile(r"(hooks\.slack\.com/services/)[A-Za-z0-9/]+"), r"\1" + MASK),
+    (_JWT, MASK),
+    # connection strings: AccountKey=... (Azure), Password=... / Pwd=... (ODBC, ADO.NET, libpq key=value)
+    (re.compile(r"\b((?:AccountKey|SharedAccessKey|Password|Pwd)\s*=\s*)[^;&\s'\"<>]+", re.IGNORECASE), r"\1" + MASK),
+    (_PEM, MASK),
 )
 
 
@@ -155,7 +167,7 @@ def _pattern() -> re.Pattern[str]:
 # Every key shape above contains one of these: text holding none of them is not scanned for shapes.
 _SHAPE_HINTS = (
     "sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
-    "hooks.slack.com",
+    "hooks.slack.com", "eyJ", "PRIVATE KEY",
 )
 
 
@@ -181,12 +193,16 @@ _VALUE_SHAPES = (
     re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
     re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
     re.compile(r"hooks\.slack\.com/services/"),
+    _JWT,
+    _PEM,
+    re.compile(r"\b(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=\s*[^;&\s'\"<>]", re.IGNORECASE),
 )
 
 
 def looks_like_credential(value: str) -> bool:
     """True when an environment value holds a credential of a distinctive shape (a URL with a password, an AWS
-    key id, a GitHub or Slack token, a webhook, a bare sk- key)."""
+    key id, a GitHub or Slack token, a webhook, a bare sk- key, a JWT, a PEM private key, a connection string's
+    AccountKey= or Password=)."""
     return any(pattern.search(value) for pattern in _VALUE_SHAPES)
 
 
@@ -201,7 +217,7 @@ def credential_free_environment(environ: dict[str, str] | None = None) -> dict[s
     }
 
 
-class RedactedDict(dict):
+class RedactedDict(dict[Any, Any]):
     """A dict whose repr and str mask credentials: for settings the package hands on (a model's kwargs)."""
 
     def __repr__(self) -> str:

@@ -22,7 +22,8 @@ class Failure(StrEnum):
     MEMORY = "memory"  # the call's worker process passed worker_max_memory and was replaced
     OVERLOADED = "overloaded"  # thread isolation only: too many earlier calls still stuck
     JUDGE_NOT_CONFIGURED = "judge_not_configured"  # llm() had no model to call
-    JUDGE_ERROR = "judge_error"  # llm() failed: a refused key, retries used up
+    JUDGE_ERROR = "judge_error"  # llm() failed for a setup reason: a refused key, a bad request
+    JUDGE_UNREACHABLE = "judge_unreachable"  # llm()'s judge could not be reached or kept failing after its retries
     SPEND_CAP = "spend_cap"  # a spending cap (judge or program) was reached
     RUN_EXCEPTION = "run_exception"  # plain GEPA: run(artifact, input) raised
 
@@ -169,11 +170,6 @@ class Usage(_Counts):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    @classmethod
-    def of(cls, usage: Usage) -> Usage:
-        """The Usage part of a richer usage (a JudgeUsage's, say), to add to other Usages."""
-        return Usage(usage.calls, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd, usage.seconds)
-
 
 @dataclass(frozen=True, slots=True)
 class Observation:
@@ -271,16 +267,38 @@ class ProgramUsage(_Counts):
 
 
 @dataclass(frozen=True, slots=True)
-class JudgeUsage(Usage):
-    """What a metric's llm() calls used: a Usage (requests sent, tokens, USD cost, time) and the judge's own counts.
+class JudgeUsage(_Counts):
+    """What a metric's llm() calls used (docs/judge.md#usage); `a + b` and `after - before` work field by field.
 
-    `calls` counts every request sent (retried attempts included; `errors` of them failed).
-    `cost_usd` is None when the price of any answered request is unknown. `seconds` is the wall
-    time spent on requests, backoff waits included. Cache hits cost nothing and take no time here.
+    Attributes:
+        requests: HTTP requests sent to the judge model, retries included (what the server saw).
+        retries: Of those, the ones that repeated a failed request (a 429, a 5xx, a timeout, an empty answer).
+        failed: llm() calls that got no answer: their requests failed after their retries, or were refused.
+        cache_hits: llm() calls answered from the judge's cache (nothing sent).
+        prompt_tokens: Prompt tokens of the answered requests.
+        completion_tokens: Completion tokens of the answered requests.
+        cost_usd: USD cost; None when the price of any answered request is unknown.
+        seconds: Wall-clock time during which at least one request was in progress (its waits and retries
+            included), not a sum over threads.
     """
 
+    requests: int = 0
+    retries: int = 0
+    failed: int = 0
     cache_hits: int = 0
-    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def usage(self) -> Usage:
+        """The requests sent, their tokens, cost and time, as a Usage."""
+        return Usage(self.requests, self.prompt_tokens, self.completion_tokens, self.cost_usd, self.seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import importlib.util
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 DSPY_CHECKED = "3.4.1"
@@ -113,6 +114,27 @@ def wrap_evaluate_programs(measured: Callable[[Any], Any]) -> None:
         return original(self, *args, **kwargs)
 
     evaluate._skynet_wrapped = True  # type: ignore[attr-defined]
+    dspy.Evaluate.__call__ = evaluate
+
+
+def wrap_evaluate_runs(run_of: Callable[[Any], AbstractContextManager[Any]]) -> None:
+    """Run each dspy.Evaluate call inside `run_of(metric)`, its metric (the summary said at the end of a run).
+
+    Evaluate.__call__(program, metric=None, ...) and Evaluate.metric are public; replacing __call__ on the class is
+    not (checked against dspy 3.4.1).
+    """
+    import dspy
+
+    original = dspy.Evaluate.__dict__.get("__call__")
+    if not callable(original) or getattr(original, "_skynet_runs", False):
+        return
+
+    @functools.wraps(original)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with run_of(kwargs.get("metric") or getattr(self, "metric", None)):
+            return original(self, *args, **kwargs)
+
+    evaluate._skynet_runs = True  # type: ignore[attr-defined]
     dspy.Evaluate.__call__ = evaluate
 
 

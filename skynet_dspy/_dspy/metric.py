@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -28,8 +28,8 @@ from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage
 from .._core.values import exception_text, whole_number
 from .._judge import Judge
 from .._judge.spend import Spend, SpendCap
+from . import hooks, translate
 from . import measure as measurement
-from . import translate
 
 _NOT_MEASURED = (
     "the metric's code does not use reward(), observation() or service_cost(), so its runs are not measured "
@@ -361,6 +361,7 @@ class Metric:
         self._warned_unmeasured = False
         self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
         self.__name__ = self.scorer.info.name
+        hooks.wrap_evaluate_runs(_run_of)
 
     # -- DSPy's side ------------------------------------------------------------------------
 
@@ -384,7 +385,7 @@ class Metric:
             self.scorer.count("memo_hits")
             return Score(entry.result.copy())._given(entry.output)._succeeds_at(self.success_threshold)
         scored = self._score_dspy(gold, pred)
-        if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD):  # a call never run is worth trying again
+        if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD, Failure.JUDGE_UNREACHABLE):  # worth a retry
             self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
         return Score(scored.result.copy())._given(scored.output)._succeeds_at(self.success_threshold)
 
@@ -631,3 +632,8 @@ def load_metric(source: MetricSource, **options: Unpack[MetricOptions]) -> Metri
         return source
     check_names("load_metric()", options, MetricOptions)
     return Metric(source, **options)
+
+
+def _run_of(metric: Any) -> AbstractContextManager[Any]:
+    """A dspy.Evaluate run with `metric`: a skynet-dspy Metric's calls are summarized at its end (Scorer.run)."""
+    return metric.scorer.run() if isinstance(metric, Metric) else nullcontext()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gepa.lm import LM as GepaLM
@@ -248,9 +248,12 @@ class Recorder:
         self._program = self.metric.program_usage
         self._stats = dict(self.metric.stats)
         self._reflection = _reader(self.reflection_model)
+        self._run = self.metric.scorer.run()  # says at its end how many calls could not reach the judge
+        self._run.__enter__()
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        self._run.__exit__(kind, error, traceback)
         seconds = time.perf_counter() - self._started
         stats = self.metric.stats
         program = self.metric.program_usage - self._program if self.metric.measuring else None

@@ -5,7 +5,9 @@ cache costs nothing and takes no time now, but it stands for the call it replays
 is remembered here under the key its cache uses; a hit is then counted with the first call's tokens, cost and
 latency. The figures live in a bounded map in memory and, when DSPy's disk cache is on, in a small store beside
 it (`<DSPy's cache folder>/skynet_dspy_call_figures`), so a hit on an answer cached by an earlier process
-replays the same figures. Hand-written: no library keeps figures beside another library's cache entries.
+replays the same figures. Hand-written: no library keeps figures beside another library's cache entries. The store
+holds JSON text only, in a folder private to the user, through the judge cache's JSON-only diskcache Disk: a
+planted pickle is a miss with a warning, never code.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._core.logs import logger
 from .._core.lru import LRU
+from .._judge.cache import json_cache
+from .._judge.entries import BadEntry
 
 MEMORY_ENTRIES = 65_536  # about 200 bytes each: ~13 MB at most
 DISK_SIZE_LIMIT = 64 * 1024 * 1024
@@ -45,6 +50,7 @@ class Replay:
         self._memory: LRU[str, CallFigures] = LRU(size)
         self._lock = threading.Lock()
         self._disks: dict[str, Any] = {}  # folder -> diskcache.Cache, or None when it could not be opened
+        self._warned = False
 
     def remember(self, key: str, figures: CallFigures, folder: str | None = None) -> None:
         self._memory.put(key, figures)
@@ -63,8 +69,14 @@ class Replay:
         if disk is None:
             return None
         try:
-            text = disk.get(key)
+            text = disk.get(key, retry=False)
             figures = CallFigures(**json.loads(text)) if isinstance(text, str) else None
+        except BadEntry as exc:  # a planted pickle: never decoded
+            if not self._warned:
+                self._warned = True
+                logger.warning("skynet-dspy call figures %s: found %s; read as a miss, never decoded (later such "
+                               "entries are not logged). Only skynet-dspy should write there.", folder, exc)
+            return None
         except Exception:  # unreadable, or written by another version: not known
             return None
         if figures is not None:
@@ -85,12 +97,11 @@ class Replay:
 
 
 def _open(folder: str) -> Any:
+    where = Path(folder) / FOLDER
     try:
-        import diskcache
-
-        return diskcache.Cache(str(Path(folder) / FOLDER), size_limit=DISK_SIZE_LIMIT, timeout=0.1)
-    except Exception as exc:  # an unwritable folder: figures are kept in memory only
-        logging.getLogger("skynet_dspy").debug("skynet-dspy: no call figures store in %s: %s", folder, exc)
+        return json_cache(where, "the call figures store", size_limit=DISK_SIZE_LIMIT, timeout=0.1)
+    except Exception as exc:  # an unwritable folder, or one another user can write: figures are kept in memory only
+        logger.warning("skynet-dspy: call figures are not kept on disk in %s: %s", where, exc)
         return None
 
 

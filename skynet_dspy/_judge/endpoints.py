@@ -113,10 +113,6 @@ class Endpoint:
         value = self.settings.get("api_base")
         return value if isinstance(value, str) else None
 
-    @property
-    def has_key(self) -> bool:
-        return bool(self._api_key)
-
     def litellm_kwargs(self) -> dict[str, Any]:
         """What LiteLLM is called with: the model, its settings and its key."""
         kwargs = {"model": self.model, **self.settings}

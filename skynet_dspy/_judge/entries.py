@@ -1,4 +1,5 @@
-"""A judge answer as the stores keep it: its key, the stored entry (answer, model, settings; never a key)."""
+"""A judge answer as the stores keep it: its key, the stored entry (answer, model, settings; never a key), and the
+store processes share (SharedStore: a folder, a Redis server), with its in-flight markers naming their owner."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 from .._core import secrets
@@ -122,8 +124,10 @@ class WarnOnce:
         )
 
 
-HEARTBEAT = 1.0  # seconds between the refreshes of the in-flight markers this process holds
-MARKER_TTL = 5.0  # a marker not refreshed for this long expires: its owner is silent (hung, or on a dead machine)
+MARKER_TTL = 30.0  # an in-flight marker expires after this long: its owner is slow, silent, or on a dead machine
+BUSY_BACKOFF = 2.0  # seconds a store is skipped after it was busy or broken, so waiting threads go on at once
+WAIT_STEP = 0.05  # seconds between looks for an answer another process is fetching
+IN_FLIGHT_PREFIX = "skynet-dspy:in-flight:"
 
 
 def _started(pid: int) -> str | None:
@@ -137,17 +141,10 @@ def _started(pid: int) -> str | None:
         return None
 
 
-def owner_marker(token: str) -> str:
+def owner_marker() -> str:
     """An in-flight marker's value: who holds it (host, pid, the process's start time) and a token of its own."""
     pid = os.getpid()
-    return json.dumps({"host": socket.gethostname(), "pid": pid, "start": _started(pid), "token": token})
-
-
-def marker_token(raw: Any) -> str | None:
-    """The token in a marker's value (None for a value that is not a marker of this version)."""
-    owner = _owner(raw)
-    token = owner.get("token") if owner is not None else None
-    return token if isinstance(token, str) else None
+    return json.dumps({"host": socket.gethostname(), "pid": pid, "start": _started(pid), "token": uuid.uuid4().hex})
 
 
 def owner_gone(raw: Any) -> bool:
@@ -183,41 +180,88 @@ def _owner(raw: Any) -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else None
 
 
-class HeldLocks:
-    """The in-flight markers this process holds on a shared store, by request key, each with its own token
-    (so releasing never frees another process's marker on the same key). While any is held, a daemon thread
-    refreshes them every HEARTBEAT seconds with `refresh(key, token)`, so they outlive MARKER_TTL only while
-    this process lives."""
+class SharedStore:
+    """A store processes share (a folder, a Redis server): answers by key, and an in-flight marker per key so an
+    identical request is sent once. A subclass reads and writes raw values and sets / clears markers."""
 
-    def __init__(self, refresh: Any = None) -> None:
-        self._tokens: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._refresh = refresh
-        self._beating = False
+    errors: tuple[type[BaseException], ...] = (OSError,)
 
-    def hold(self, key: str, token: str) -> None:
-        with self._lock:
-            self._tokens[key] = token
-            start = self._refresh is not None and not self._beating
-            self._beating = self._beating or start
-        if start:
-            threading.Thread(target=self._beat, name="skynet-dspy judge cache heartbeat", daemon=True).start()
+    def __init__(self, where: str):
+        self.where = where
+        self._warn = WarnOnce()
+        self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
+        self._held: dict[str, str] = {}  # the markers this process set, by key
+        self._held_lock = threading.Lock()
 
-    def release(self, key: str) -> str | None:
-        """The token of this process's marker on `key`, now forgotten; None when it holds none."""
-        with self._lock:
-            return self._tokens.pop(key, None)
+    def _raw(self, key: str) -> Any:
+        raise NotImplementedError
 
-    def _beat(self) -> None:
-        while True:
-            time.sleep(HEARTBEAT)
-            with self._lock:
-                held = list(self._tokens.items())
-                if not held:
-                    self._beating = False
-                    return
-            for key, token in held:
-                try:
-                    self._refresh(key, token)
-                except Exception:  # noqa: BLE001 - a store that fails now: the marker expires by itself
-                    pass
+    def _write(self, key: str, entry: str) -> None:
+        raise NotImplementedError
+
+    def _claim(self, marker: str, owner: str) -> bool:
+        raise NotImplementedError
+
+    def _unclaim(self, marker: str, owner: str) -> None:
+        raise NotImplementedError
+
+    def skipping(self) -> bool:
+        return bool(self._skip_until) and time.monotonic() < self._skip_until
+
+    def _failed(self, exc: BaseException) -> None:
+        """An operation failed: warn (once) and skip the store for BUSY_BACKOFF, so a store that hangs costs one call
+        its timeout, not every call."""
+        self._skip_until = time.monotonic() + BUSY_BACKOFF
+        self._warn(self.where, exc)
+
+    def get(self, key: str) -> str | None:
+        if self.skipping():
+            return None
+        try:
+            return self._read(key)
+        except self.errors as exc:
+            self._failed(exc)
+            return None
+
+    def _read(self, key: str) -> str | None:
+        """The answer stored under `key`; None for none, and for a foreign or damaged entry (warned once)."""
+        try:
+            return entry_text(self._raw(key), key)
+        except (BadEntry, UnicodeDecodeError, ValueError) as exc:
+            self._warn.bad_entry(self.where, exc if isinstance(exc, BadEntry) else BadEntry(str(exc)))
+            return None
+
+    def put(self, key: str, text: str, request: dict[str, Any]) -> None:
+        if self.skipping():
+            return
+        try:
+            self._write(key, stored_entry(text, request, key))
+        except self.errors as exc:
+            self._failed(exc)
+
+    def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
+        """None when this process should send the request (it holds the marker on `key` now); else the answer another
+        process fetched while this one waited (at most `patience` seconds, or until `stop` is set)."""
+        owner, deadline, stop = owner_marker(), time.monotonic() + patience, stop or threading.Event()
+        try:
+            while not self.skipping():
+                if self._claim(IN_FLIGHT_PREFIX + key, owner):
+                    with self._held_lock:
+                        self._held[key] = owner
+                    return self._read(key)  # the answer may have been stored since this process looked
+                text = self._read(key)
+                if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
+                    return text
+        except self.errors as exc:
+            self._failed(exc)
+        return None
+
+    def release(self, key: str) -> None:
+        """Clear the marker on `key` if this process set it (another process's is left alone; it also expires)."""
+        with self._held_lock:
+            owner = self._held.pop(key, None)
+        if owner is not None:
+            try:
+                self._unclaim(IN_FLIGHT_PREFIX + key, owner)
+            except self.errors as exc:
+                self._failed(exc)

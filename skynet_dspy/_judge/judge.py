@@ -12,9 +12,12 @@ is closed, it stops waiting and is never sent or retried. LiteLLM is imported wh
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Unpack
 
 from .._core import context, secrets
@@ -44,8 +47,7 @@ from .spend import SpendCap
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds per HTTP request to the judge model
 DEFAULT_MAX_RETRIES = 4  # retries after the first attempt, on 408 / 429 / 5xx / connection errors
 DEFAULT_RETRY_BASE_DELAY = 1.0  # seconds; doubled on every retry
-UNREACHABLE_ATTEMPTS = 2  # a connection refused / a name that does not resolve: tried at most this often per call
-COMPLETION_ESTIMATE = 1000  # completion tokens reserved under a cap for a request that sets no max_tokens
+CAPPED_MAX_TOKENS = 4096  # under a cap, the max_tokens sent when the metric set none (or the model's own, if lower)
 
 def _sleep(seconds: float, cancelled: threading.Event) -> None:
     """The backoff before a retry, ended (Cancelled) when the request's call ends; tests replace it to record it."""
@@ -109,10 +111,13 @@ class Judge:
         self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
-        self._calls = self._hits = self._errors = self._prompt_tokens = self._completion_tokens = 0
+        self._requests_sent = self._retries = self._failed = self._hits = 0
+        self._prompt_tokens = self._completion_tokens = 0
         self._cost = 0.0
         self._cost_known = True
-        self._seconds = 0.0
+        self._seconds = 0.0  # wall-clock time with at least one request in progress, up to _busy_since
+        self._active = 0  # requests in progress
+        self._busy_since = 0.0
 
     # -- configuration --------------------------------------------------------------------
 
@@ -214,7 +219,7 @@ class Judge:
                 return text
             if leader is None:
                 continue  # another thread sent the same request; it may have failed, so look again
-            shared = getattr(self.cache.store, "lead_or_wait", None)  # a store shared by processes (Redis)
+            shared = self.cache.store.lead_or_wait if self.cache.store is not None else None  # shared by processes
             try:
                 text = shared(key, self.timeout, cancelled) if shared is not None else None
                 if text is not None:  # another process fetched it meanwhile
@@ -226,8 +231,8 @@ class Judge:
                 self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
                 return text
             finally:
-                if shared is not None:
-                    self.cache.store.release(key)  # type: ignore[union-attr]
+                if self.cache.store is not None:
+                    self.cache.store.release(key)
                 with self._lock:
                     del self._inflight[key]
                 leader.set()
@@ -247,9 +252,10 @@ class Judge:
             if running is None:
                 event = self._inflight[key] = threading.Event()
                 return None, event
-        while not running.wait(limits.WAIT_STEP):
-            if cancelled.is_set():
-                raise limits.Cancelled
+        with context.llm_pool.waiting():
+            while not running.wait(limits.WAIT_STEP):
+                if cancelled.is_set():
+                    raise limits.Cancelled
         return None, None
 
     def _send(self, target: Endpoint, request: dict[str, Any], cancelled: threading.Event) -> str:
@@ -257,45 +263,67 @@ class Judge:
         litellm = _import_litellm()
         request = {**request, "num_retries": 0, "max_retries": 0}
         request.setdefault("timeout", self.timeout)
+        if self.spend_cap is not None and not (request.get("max_tokens") or request.get("max_completion_tokens")):
+            request["max_tokens"] = _max_tokens(litellm, request["model"])  # so its reservation is its largest cost
         state = limits.endpoint_state(target.model, target.api_base)
-        started = time.perf_counter()
-        attempts = self.max_retries + 1
+        with self._busy():
+            try:
+                for attempt in itertools.count(1):
+                    try:
+                        return self._attempt(litellm, target, request, state, cancelled, attempt)
+                    except (limits.Cancelled, LLMCallError, SpendCapReached):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - _retry_delay decides: retry, or an LLMCallError
+                        delay = self._retry_delay(target, exc, attempt, state)
+                    _sleep(delay, cancelled)
+            except LLMCallError:
+                with self._lock:
+                    self._failed += 1
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Count the wall-clock time during which at least one request is in progress (usage.seconds)."""
+        with self._lock:
+            if self._active == 0:
+                self._busy_since = time.perf_counter()
+            self._active += 1
         try:
-            for attempt in range(1, attempts + 1):
-                try:
-                    return self._attempt(litellm, target, request, state, cancelled)
-                except (limits.Cancelled, LLMCallError, SpendCapReached):
-                    raise
-                except Exception as exc:
-                    with self._lock:
-                        self._errors += 1
-                    _sleep(self._retry_delay(target, exc, attempt, attempts, state), cancelled)
+            yield
         finally:
             with self._lock:
-                self._seconds += time.perf_counter() - started
-        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+                self._active -= 1
+                if self._active == 0:
+                    self._seconds += time.perf_counter() - self._busy_since
 
     def _attempt(
         self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
-        cancelled: threading.Event,
+        cancelled: threading.Event, attempt: int,
     ) -> str:
         """One request: wait for the endpoint (a 429's pause; its breaker) and a turn within the limits, reserve its
-        estimated cost under a cap, send it, settle."""
-        if cancelled.is_set():
-            raise limits.Cancelled
+        largest cost under a cap, send it, settle."""
+        while True:
+            if cancelled.is_set():
+                raise limits.Cancelled
+            try:
+                state.before_send(cancelled)
+            except limits.Unreachable as exc:
+                raise LLMCallError(f"skynet.llm(): the {target.role} {target.describe()} cannot be reached: {exc}",
+                                   unreachable=True) from None
+            self._per_minute.acquire(cancelled)
+            self._in_flight.acquire(cancelled)
+            if not state.paused():
+                break
+            self._in_flight.release()  # a 429 paused the endpoint while this request waited for its turn
         try:
-            state.before_send(cancelled)
-        except limits.Unreachable as exc:
-            raise LLMCallError(f"skynet.llm(): the {target.role} {target.describe()} is unreachable: {exc}") from None
-        self._per_minute.acquire(cancelled)
-        self._in_flight.acquire(cancelled)
-        try:
-            reserved = self._reserve(litellm, request)
+            reserved = self._reserve(litellm, request, cancelled)
             if cancelled.is_set():
                 self._settle(reserved, None, None, request)
                 raise limits.Cancelled
             with self._lock:
-                self._calls += 1
+                self._requests_sent += 1
+                self._retries += attempt > 1
             try:
                 with context.judging(), no_banner(litellm):
                     response = litellm.completion(**request)
@@ -313,17 +341,17 @@ class Judge:
             )
         return text
 
-    def _reserve(self, litellm: Any, request: dict[str, Any]) -> float | None:
-        """Under a cap: reserve the request's estimated cost (its prompt's tokens, and max_tokens or
-        COMPLETION_ESTIMATE), or SpendCapReached. None without a cap."""
+    def _reserve(self, litellm: Any, request: dict[str, Any], cancelled: threading.Event) -> float | None:
+        """Under a cap: reserve the request's largest cost (its prompt's tokens and its max_tokens), or
+        SpendCapReached. None without a cap."""
         if self.spend_cap is None:
             return None
         completion = request.get("max_tokens") or request.get("max_completion_tokens")
         if not isinstance(completion, int) or isinstance(completion, bool) or completion < 1:
-            completion = COMPLETION_ESTIMATE
+            completion = CAPPED_MAX_TOKENS
         prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
         estimate = _price(litellm, request["model"], prompt, completion) if prompt is not None else None
-        return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}")
+        return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}", cancelled)
 
     def _settle(self, reserved: float | None, response: Any, text: str | None, request: dict[str, Any]) -> None:
         """Count a request's usage (a failed one costs nothing) and give back its reservation."""
@@ -355,17 +383,15 @@ class Judge:
             else:
                 self._cost += cost
 
-    def _retry_delay(
-        self, target: Endpoint, exc: Exception, attempt: int, attempts: int, state: limits.EndpointState
-    ) -> float:
+    def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, state: limits.EndpointState) -> float:
         """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left.
-        A 429 pauses every request to the endpoint; a failed connection counts towards its circuit breaker."""
+        A refused connection opens the endpoint's breaker at once; a 429 that follows another pauses the endpoint."""
         status = retry.status_of(exc)
-        unreachable = retry.is_unreachable(exc)
-        if unreachable:
-            state.connection_failed(_error_text(exc))
-            attempts = min(attempts, UNREACHABLE_ATTEMPTS)
         where = f"the {target.role} {target.describe()}"
+        if retry.is_unreachable(exc):
+            state.unreachable(_error_text(exc))
+            raise LLMCallError(f"skynet.llm(): {where} cannot be reached: {_error_text(exc)}", status,
+                               unreachable=True) from None
         if retry.is_refused(exc):
             refused = f"refused the request with HTTP {status}" if status in (401, 403) else "has no API key"
             raise LLMCallError(
@@ -377,19 +403,18 @@ class Judge:
             ) from None
         if not retry.is_retryable(exc):
             raise LLMCallError(f"skynet.llm(): {where} failed: {_error_text(exc)}", status) from None
-        asked = retry.retry_after(exc)
+        delay = retry.backoff(attempt, self.retry_base_delay, retry.retry_after(exc))
         if status == 429:
-            state.pause(asked if asked is not None else retry.backoff(attempt, self.retry_base_delay, None))
-        if attempt >= attempts:
-            cannot = " cannot be reached:" if unreachable else ""
+            state.rate_limited(delay)
+        if attempt > self.max_retries:
             raise LLMCallError(
-                f"skynet.llm(): {where}{cannot} failed {attempt} time(s) in a row; last error: {_error_text(exc)}",
+                f"skynet.llm(): {where} failed {attempt} time(s) in a row; last error: {_error_text(exc)}",
                 status,
+                unreachable=True,
             ) from None
-        delay = retry.backoff(attempt, self.retry_base_delay, asked)
         logger.info(
             "skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)",
-            where, _error_text(exc), delay, attempt + 1, attempts,
+            where, _error_text(exc), delay, attempt + 1, self.max_retries + 1,
         )
         return delay
 
@@ -399,14 +424,16 @@ class Judge:
     def usage(self) -> JudgeUsage:
         """A snapshot of the judge's usage through this object so far."""
         with self._lock:
+            running = time.perf_counter() - self._busy_since if self._active else 0.0
             return JudgeUsage(
-                calls=self._calls,
+                requests=self._requests_sent,
+                retries=self._retries,
+                failed=self._failed,
                 cache_hits=self._hits,
                 prompt_tokens=self._prompt_tokens,
                 completion_tokens=self._completion_tokens,
                 cost_usd=self._cost if self._cost_known else None,
-                seconds=self._seconds,
-                errors=self._errors,
+                seconds=self._seconds + running,
             )
 
     def __repr__(self) -> str:
@@ -430,6 +457,15 @@ def _count_tokens(litellm: Any, model: str, **what: Any) -> int | None:
         return int(litellm.token_counter(model=model, **what))
     except Exception:  # noqa: BLE001 - an unknown model or odd content: unknown, never 0
         return None
+
+
+def _max_tokens(litellm: Any, model: str) -> int:
+    """CAPPED_MAX_TOKENS, or the model's own output limit when LiteLLM knows a lower one."""
+    try:
+        known = litellm.get_model_info(model).get("max_output_tokens")
+    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it does not know
+        known = None
+    return min(CAPPED_MAX_TOKENS, known) if isinstance(known, int) and known > 0 else CAPPED_MAX_TOKENS
 
 
 def _price(litellm: Any, model: str, prompt: int, completion: int) -> float | None:

@@ -4,7 +4,12 @@ LiteLLM's Router has `rpm`, `tpm` and `max_parallel_requests`, but counts a fixe
 quota goes out at once (tripping providers' shorter windows), and routing every request through a Router
 would change how each is sent. So the two limits here are small and hand-written: a semaphore for the
 requests in flight, a token bucket that spaces starts evenly (one every 60/R seconds after a small
-burst). Every wait here ends at once when the request's call ends (`cancelled` is set).
+burst). Every wait here ends at once when the request's call ends (`cancelled` is set), and gives its place in
+the shared llm() pool back while it lasts (context.LLMPool.waiting), so no metric's limits delay another's calls.
+
+A 429 alone is retried alone (after its Retry-After); a 429 that follows another one from the same endpoint
+(with no answer between) means the endpoint is throttling: every request to it that has not started waits
+out the pause. A connection refused (or a name that does not resolve) opens the endpoint's breaker at once.
 """
 
 from __future__ import annotations
@@ -14,12 +19,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .._core.context import llm_pool
 from .._core.values import whole_number
 
 WAIT_STEP = 0.05  # seconds between looks at a cancelled request while it waits for a slot
-BREAKER_FAILURES = 3  # consecutive connection failures to one endpoint that open its breaker
-BREAKER_SECONDS = 15.0  # while open, requests to that endpoint fail at once
-MAX_PAUSE = 120.0  # a Retry-After / x-ratelimit-reset longer than this pauses the endpoint this long
+BREAKER_SECONDS = 15.0  # once an endpoint cannot be reached, requests to it fail at once for this long
 
 
 class Cancelled(Exception):
@@ -32,8 +36,10 @@ class Unreachable(Exception):
 
 def wait(cancelled: threading.Event, seconds: float) -> None:
     """Sleep `seconds`, or raise Cancelled as soon as `cancelled` is set."""
-    if seconds > 0 and cancelled.wait(seconds):
-        raise Cancelled
+    if seconds > 0:
+        with llm_pool.waiting():
+            if cancelled.wait(seconds):
+                raise Cancelled
     if cancelled.is_set():
         raise Cancelled
 
@@ -46,11 +52,12 @@ class InFlight:
         self._slots = threading.BoundedSemaphore(limit) if limit is not None else None
 
     def acquire(self, cancelled: threading.Event) -> None:
-        if self._slots is None:
+        if self._slots is None or self._slots.acquire(blocking=False):
             return
-        while not self._slots.acquire(timeout=WAIT_STEP):
-            if cancelled.is_set():
-                raise Cancelled
+        with llm_pool.waiting():
+            while not self._slots.acquire(timeout=WAIT_STEP):
+                if cancelled.is_set():
+                    raise Cancelled
 
     def release(self) -> None:
         if self._slots is not None:
@@ -88,11 +95,11 @@ class PerMinute:
 
 @dataclass
 class EndpointState:
-    """What the judge learnt of one endpoint: paused (a 429 asked to wait), or unreachable (its breaker)."""
+    """What the judge learnt of one endpoint: paused (its 429s cluster), or unreachable (its breaker is open)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     paused_until: float = 0.0  # monotonic
-    failures: int = 0  # consecutive connection failures
+    throttled: bool = False  # its last answer was a 429
     open_until: float = 0.0  # monotonic: the breaker is open until then
     last_error: str = ""
 
@@ -103,31 +110,36 @@ class EndpointState:
                 now = time.monotonic()
                 if now < self.open_until:
                     raise Unreachable(
-                        f"its last {self.failures} connection attempts failed ({self.last_error}); not trying again "
-                        f"for {self.open_until - now:.0f} s"
+                        f"it could not be reached a moment ago ({self.last_error}); not trying again for "
+                        f"{self.open_until - now:.0f} s"
                     )
                 pause = self.paused_until - now
             if pause <= 0:
                 return
             wait(cancelled, pause)
 
-    def pause(self, seconds: float) -> None:
-        """A 429 asked to wait `seconds`: every request to this endpoint waits until then."""
-        if not math.isfinite(seconds) or seconds <= 0:
-            return
+    def paused(self) -> bool:
         with self.lock:
-            self.paused_until = max(self.paused_until, time.monotonic() + min(seconds, MAX_PAUSE))
+            return time.monotonic() < self.paused_until
 
-    def connection_failed(self, error: str) -> None:
+    def rate_limited(self, seconds: float) -> bool:
+        """A 429 that asks to wait `seconds` (bounded): True when it follows another 429, and so pauses every request
+        to the endpoint that has not started; False for a lone one (only its own request waits)."""
         with self.lock:
-            self.failures += 1
+            clustered, self.throttled = self.throttled, True
+            if clustered and math.isfinite(seconds) and seconds > 0:
+                self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+            return clustered
+
+    def unreachable(self, error: str) -> None:
+        """A connection refused, a name that does not resolve: requests to the endpoint fail at once for a while."""
+        with self.lock:
             self.last_error = error
-            if self.failures >= BREAKER_FAILURES:
-                self.open_until = time.monotonic() + BREAKER_SECONDS
+            self.open_until = time.monotonic() + BREAKER_SECONDS
 
     def answered(self) -> None:
         with self.lock:
-            self.failures = 0
+            self.throttled = False
             self.open_until = 0.0
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import math
 import random
 import re
 import socket
 import time
 from typing import Any
 
-MAX_RETRY_DELAY = 30.0  # no backoff sleep is longer; a larger Retry-After is not honoured
+MAX_RETRY_DELAY = 30.0  # no backoff or pause is longer; a larger Retry-After waits this long
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
 _AUTH_STATUSES = frozenset({401, 403})
@@ -68,7 +69,7 @@ _UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EH
 def is_unreachable(exc: BaseException) -> bool:
     """A connection that could not be made (refused, a name that does not resolve, no route): not a timeout, not a
     dropped connection, not an HTTP status. Read from the exception's chain (LiteLLM keeps httpx's ConnectError and
-    the OSError under it). Retried at most once, and counted by the endpoint's circuit breaker."""
+    the OSError under it). Never retried: it opens the endpoint's circuit breaker at once."""
     seen: BaseException | None = exc
     for _ in range(10):  # a bounded walk: a chain may loop
         if seen is None:
@@ -113,39 +114,40 @@ def _ratelimit_reset(headers: dict[str, str]) -> float | None:
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked to wait (Retry-After, retry-after-ms, or on a 429 the x-ratelimit-reset-*
-    headers: the longest of them), or None."""
+    """Seconds the server asked to wait (Retry-After in seconds or as a date, retry-after-ms, or on a 429 the
+    x-ratelimit-reset-* headers), between 0 and MAX_RETRY_DELAY; None when it asked nothing readable. Never raises:
+    a garbled, huge, negative or far-future value is bounded or ignored."""
+    try:
+        asked = _asked(exc)
+    except Exception:  # noqa: BLE001 - a header of any shape (a date in year 99999999999: OverflowError)
+        return None
+    if asked is None or not math.isfinite(asked):
+        return None
+    return min(max(asked, 0.0), MAX_RETRY_DELAY)
+
+
+def _asked(exc: BaseException) -> float | None:
     headers = _headers_of(exc)
     if headers is None:
         return None
-    try:
-        millis = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
-        if millis is not None:
-            return float(millis) / 1000.0
-        value = headers.get("retry-after") or headers.get("Retry-After")
-        if value is None and status_of(exc) == 429:
-            return _ratelimit_reset({str(k).lower(): str(v) for k, v in headers.items()})
-    except Exception:
-        return None
+    millis = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
+    if millis is not None:
+        return float(millis) / 1000.0
+    value = headers.get("retry-after") or headers.get("Retry-After")
     if value is None:
-        return None
+        return _ratelimit_reset({str(k).lower(): str(v) for k, v in headers.items()}) if status_of(exc) == 429 else None
     try:
         return float(value)
     except (TypeError, ValueError):
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(str(value))
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+        return email.utils.parsedate_to_datetime(str(value)).timestamp() - time.time()
 
 
 def backoff(attempt: int, base_delay: float, server_asked: float | None) -> float:
-    """The wait before retry `attempt`: the server's Retry-After when it is short, else jittered doubling."""
-    if server_asked is not None and 0 <= server_asked <= MAX_RETRY_DELAY:
+    """The wait before retry `attempt`: what the server asked (already bounded), else jittered doubling."""
+    if server_asked is not None:
         return server_asked
-    delay = min(base_delay * 2 ** (attempt - 1), MAX_RETRY_DELAY)
-    return delay * random.uniform(0.5, 1.0)
+    delay = min(base_delay * 2.0 ** (attempt - 1), MAX_RETRY_DELAY)
+    return float(delay * random.uniform(0.5, 1.0))
 
 
 def _headers_of(exc: BaseException) -> Any:

@@ -2,9 +2,10 @@
 
 Checked before each model call and charged after it, under one lock: once the spend reaches the limit
 the next call is refused at once (SpendCapReached), so the overshoot is at most the calls already in
-flight when it was reached. The judge also reserves each request's estimated cost before sending it
-(reserve / settle): a request is refused while the spend plus the reservations of the requests in flight
-reach the limit, and a request whose cost cannot be known is refused rather than counted as free.
+flight when it was reached. The judge also reserves each request's largest cost before sending it
+(reserve / settle): while the spend plus the reservations of the requests in flight reach the limit, a request
+waits for them to settle, so the spend passes the limit by at most one request's reservation; a request whose
+cost cannot be known is refused rather than counted as free.
 Reaching it is logged once, as an error.
 """
 
@@ -14,9 +15,11 @@ import math
 import threading
 from dataclasses import dataclass
 
+from .._core.context import llm_pool
 from .._core.errors import SpendCapReached
 from .._core.logs import logger
 from .._core.values import as_number, shorten
+from .limits import WAIT_STEP, Cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class SpendCap:
         self.limit_usd = float(number)
         self.whose = whose
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when a reservation is given back
         self._spent = 0.0
         self._reserved = 0.0  # estimates of the requests in flight
         self._refused = 0
@@ -68,15 +72,21 @@ class SpendCap:
         self._log_reached(spent)
         raise SpendCapReached(self._message(spent))
 
-    def reserve(self, estimate_usd: float | None, unpriced: str = "no price known") -> float:
-        """Before a request: reserve its estimated cost, or raise SpendCapReached when the spend and the requests
-        in flight reach the limit, or when its cost cannot be known (`unpriced` says why). Returns the reservation,
-        to give back to settle()."""
-        with self._lock:
-            spent, reserved = self._spent, self._reserved
-            if spent < self.limit_usd and spent + reserved < self.limit_usd and estimate_usd is not None:
-                self._reserved += estimate_usd
-                return estimate_usd
+    def reserve(self, estimate_usd: float | None, unpriced: str = "no price known",
+                cancelled: threading.Event | None = None) -> float:
+        """Before a request: reserve its largest cost, waiting while the requests in flight hold what is left of the
+        limit (until `cancelled` is set: limits.Cancelled); SpendCapReached once the spend reaches the limit, or
+        when its cost cannot be known (`unpriced` says why). Returns the reservation, to give back to settle()."""
+        with self._settled:
+            while self._spent < self.limit_usd and estimate_usd is not None:
+                if self._spent + self._reserved < self.limit_usd:
+                    self._reserved += estimate_usd
+                    return estimate_usd
+                with llm_pool.waiting():
+                    self._settled.wait(WAIT_STEP)
+                if cancelled is not None and cancelled.is_set():
+                    raise Cancelled
+            spent = self._spent
             self._refused += 1
         if estimate_usd is None and spent < self.limit_usd:
             raise SpendCapReached(
@@ -84,23 +94,19 @@ class SpendCap:
                 f"{self.limit_usd:g} caps the spend, so it cannot be counted as free; register the model's price "
                 "with litellm.register_model(...), or drop the cap"
             )
-        if spent >= self.limit_usd:
-            self._log_reached(spent)
-            raise SpendCapReached(self._message(spent))
-        raise SpendCapReached(
-            f"{self.whose}'s measured model spend ${spent:.6f} and ${reserved:.6f} reserved for the requests in "
-            f"flight reach {self.option}={self.limit_usd:g}, so this request is not sent"
-        )
+        self._log_reached(spent)
+        raise SpendCapReached(self._message(spent))
 
     def settle(self, reserved_usd: float, cost_usd: float | None, unpriced: str | None = None) -> None:
         """After a request: give back its reservation and charge its measured cost (see charge)."""
-        with self._lock:
-            self._reserved = max(0.0, self._reserved - reserved_usd)
-        self.charge(cost_usd, unpriced)
+        self.charge(cost_usd, unpriced, reserved_usd)
 
-    def charge(self, cost_usd: float | None, unpriced: str | None = None) -> None:
-        """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once)."""
-        with self._lock:
+    def charge(self, cost_usd: float | None, unpriced: str | None = None, reserved_usd: float = 0.0) -> None:
+        """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once),
+        giving back its reservation at the same moment."""
+        with self._settled:
+            self._reserved = max(0.0, self._reserved - reserved_usd)
+            self._settled.notify_all()
             if cost_usd is None:
                 self._unpriced += 1
                 warn, self._logged_unpriced = not self._logged_unpriced, True

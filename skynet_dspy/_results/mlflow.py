@@ -153,12 +153,13 @@ def _log_contract(mlflow: Any, contract: Any, run_id: str) -> dict[str, float]:
 
 def _judge_metrics(usage: Any) -> dict[str, float]:
     figures = {
-        "judge/calls": usage.calls,
+        "judge/requests": usage.requests,
         "judge/cache_hits": usage.cache_hits,
         "judge/tokens": usage.total_tokens,
         "judge/cost_usd": usage.cost_usd,
         "judge/seconds": usage.seconds,
-        "judge/errors": usage.errors,
+        "judge/retries": usage.retries,
+        "judge/failed": usage.failed,
     }
     return {name: float(value) for name, value in figures.items() if value is not None}
 

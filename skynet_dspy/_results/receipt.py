@@ -65,7 +65,7 @@ class CostReceipt:
         reflection = self.reflection.usage
         if self.program is None or reflection is None:
             return None
-        return self.program.usage + Usage.of(self.judge) + reflection
+        return self.program.usage + self.judge.usage + reflection
 
     @property
     def total_usd(self) -> float | None:
@@ -88,10 +88,10 @@ class CostReceipt:
             program_text = (f"{program.runs} run(s), {program.model_calls} model call(s){cached}, "
                             f"{program.total_tokens:,} tokens, {cost}, {program.run_ms / 1000:.2f} s of runs")
         judge = self.judge
-        judge_text = (f"{judge.calls} call(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "
+        judge_text = (f"{judge.requests} request(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "
                       f"{usd(judge.cost_usd)}, {judge.seconds:.2f} s")
-        if judge.errors:
-            judge_text += f", {judge.errors} failed"
+        if judge.failed:
+            judge_text += f", {judge.failed} failed"
         reflection = self.reflection
         calls = "? calls" if reflection.calls is None else f"{reflection.calls} call(s)"
         tokens = "? tokens" if reflection.total_tokens is None else f"{reflection.total_tokens:,} tokens"
@@ -159,7 +159,7 @@ class CostReceipt:
         """The receipt's known figures as flat numbers (for a tracker): receipt/program/cost_usd, ..."""
         figures: dict[str, Any] = {
             "receipt/seconds": self.seconds,
-            "receipt/judge/calls": self.judge.calls,
+            "receipt/judge/requests": self.judge.requests,
             "receipt/judge/cache_hits": self.judge.cache_hits,
             "receipt/judge/tokens": self.judge.total_tokens,
             "receipt/judge/cost_usd": self.judge.cost_usd,

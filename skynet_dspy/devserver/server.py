@@ -55,7 +55,7 @@ class Fault:
     """A scripted misbehaviour for the next request(s): a status, a stall, a broken body."""
 
     status: int = 200
-    retry_after: float | None = None
+    retry_after: float | str | None = None  # a number of seconds, or any text (a date, garbage) sent as it is
     stall: float = 0.0
     close_connection: bool = False
     invalid_json: bool = False
@@ -101,7 +101,11 @@ class DevServer:
     server reports (LiteLLM prices a known name such as "gpt-4o-mini"); `delay` seconds are
     added before every answer. `max_concurrent=N` answers 429 (with `retry_after`, if given) to a request
     that arrives while N are being answered, as a provider's concurrency limit does (`rate_limited` counts
-    them); `usage=False` leaves the `usage` block out of replies, as some providers do.
+    them); `rate_limit_every=N` answers 429 (with `retry_after`) to every Nth request, a sporadic provider
+    limit; `fault_for(request)` returns a Fault for the requests it picks (e.g. always a 503 for some input), or
+    None; `usage=False` leaves the `usage` block out of replies, as some providers do. A request's `max_tokens`
+    is honoured as a provider does: the reply is cut to that many tokens (one word a token), finish_reason "length".
+    `requests` records every request, with the time it arrived (`Request.at`).
     """
 
     def __init__(
@@ -112,8 +116,10 @@ class DevServer:
         delay: float = 0.0,
         port: int = 0,
         max_concurrent: int | None = None,
-        retry_after: float | None = None,
+        retry_after: float | str | None = None,
         usage: bool = True,
+        rate_limit_every: int | None = None,
+        fault_for: Callable[[Request], Fault | None] | None = None,
     ):
         self.responder: Responder = responder or (lambda request: "ok")
         self.model_name = model_name
@@ -121,6 +127,8 @@ class DevServer:
         self.max_concurrent = max_concurrent
         self.retry_after = retry_after
         self.usage = usage
+        self.rate_limit_every = rate_limit_every
+        self.fault_for = fault_for
         self.rate_limited = 0  # requests answered 429 because max_concurrent were in progress
         self.in_progress = 0
         self.most_in_progress = 0  # the most requests ever answered at once
@@ -219,14 +227,15 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
                 server.in_progress += 1
                 server.most_in_progress = max(server.most_in_progress, server.in_progress)
                 over = server.max_concurrent is not None and server.in_progress > server.max_concurrent
+                every = server.rate_limit_every
+                over = over or (every is not None and (len(server.requests) + 1) % every == 0)
                 if over:
                     server.rate_limited += 1
             try:
                 if over:
                     server._record(request)
-                    wait = {"Retry-After": f"{server.retry_after:g}"} if server.retry_after is not None else {}
-                    self._send(429, {"error": {"message": "too many concurrent requests", "type": "rate_limit",
-                                               "code": 429}}, wait)
+                    self._send(429, {"error": {"message": "too many requests", "type": "rate_limit",
+                                               "code": 429}}, _retry_after(server.retry_after))
                     return
                 self._post(request)
             finally:
@@ -242,6 +251,8 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
 
         def _post(self, request: Request) -> None:
             fault = server._record(request)
+            if fault is None and server.fault_for is not None:
+                fault = server.fault_for(request)
             if fault is not None and fault.stall:
                 time.sleep(fault.stall)
             if server.delay:
@@ -252,7 +263,7 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             if fault is not None and fault.status != 200:
-                headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
+                headers = _retry_after(fault.retry_after)
                 message = {401: "invalid api key", 403: "forbidden", 429: "rate limited"}.get(fault.status, "error")
                 self._send(fault.status, {"error": {"message": message, "type": "scripted", "code": fault.status}},
                            headers)
@@ -292,19 +303,29 @@ def _handler_for(server: DevServer) -> type[BaseHTTPRequestHandler]:
 _counter = iter(range(1, 1 << 62))
 
 
+def _retry_after(value: float | str | None) -> dict[str, str]:
+    if value is None:
+        return {}
+    return {"Retry-After": value if isinstance(value, str) else f"{value:g}"}
+
+
 def _completion(request: Request, reply: _Reply, model_name: str | None) -> dict[str, Any]:
     prompt_tokens = reply.prompt_tokens if reply.prompt_tokens is not None else max(1, len(request.text.split()))
     completion_tokens = (
         reply.completion_tokens if reply.completion_tokens is not None else max(1, len(reply.content.split()))
     )
     model = reply.model or model_name or str(request.body.get("model") or "dev")
+    content, finish = reply.content, "stop"
+    limit = request.body.get("max_tokens") or request.body.get("max_completion_tokens")
+    if isinstance(limit, int) and completion_tokens > limit:  # a provider stops at max_tokens
+        content, completion_tokens, finish = " ".join(content.split()[:limit]), limit, "length"
     return {
         "id": f"chatcmpl-dev-{next(_counter)}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": "stop"}
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
         ],
         "usage": {
             "prompt_tokens": prompt_tokens,

@@ -54,7 +54,7 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
                 "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
-                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. "):
+                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. ", "| 13. "):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
@@ -285,7 +285,7 @@ def test_bad_sizes_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--only", "99"])
     assert exit_info.value.code == 2
-    assert "--only takes benchmark numbers 1-12" in capsys.readouterr().err
+    assert "--only takes benchmark numbers 1-13" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--threads", "0,2"])
     assert "threads must be at least 1" in capsys.readouterr().err
@@ -309,3 +309,11 @@ def test_judge_limits_row_sends_without_429_under_the_limit(quick):
     limited, unlimited = found["limited"], found["unlimited"]
     assert limited["rate_limited"] == 0 and limited["failed"] == 0 and limited["sent"] == limited["requests"]
     assert unlimited["rate_limited"] > 0 and unlimited["sent"] == unlimited["requests"] + unlimited["rate_limited"]
+
+
+def test_sporadic_429s_row_answers_every_request_each_way(quick):
+    doc, _ = quick
+    found = doc["judge_429"]
+    for way in ("judge", "never_pause", "pause_every_429", "dspy_lm"):
+        assert found[way]["answered"] == found["requests"], way
+        assert found[way]["rate_limited"] >= 1 and _finite_positive(found[way]["seconds"]), way

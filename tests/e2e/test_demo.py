@@ -57,8 +57,8 @@ def test_demo_prints_the_contract_check_judge_usage_and_measured_time_and_cost(d
         assert evaluation.cost_usd is not None and evaluation.cost_usd > 0  # the server reports gpt-4o-mini: priced
     assert "ms per ticket" in printed and "in all" in printed
     usage = result.judge_usage
-    assert usage.calls > 0 and usage.total_tokens > 0
-    assert f"{usage.calls} call(s)" in printed
+    assert usage.requests > 0 and usage.total_tokens > 0
+    assert f"{usage.requests} request(s)" in printed
     assert result.judge_optimized > result.judge_baseline
     assert not result.metric_stats.get("exception") and not result.metric_stats.get("invalid")
 

@@ -43,5 +43,5 @@ def test_the_demo_sends_temperature_0_at_a_concurrency_the_server_serves(local_r
     assert server.requests
     assert all(request.body.get("temperature") == 0 for request in server.requests)
     assert server.rate_limited == 0  # never a second request in flight: no 429, no judge call queued to time out
-    assert result.judge_usage.calls > 0 and not result.metric_stats.get("timeout")
+    assert result.judge_usage.requests > 0 and not result.metric_stats.get("timeout")
     assert "1 request(s) at a time" in printed

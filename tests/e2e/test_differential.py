@@ -331,7 +331,7 @@ def test_dspy_gepa_with_a_judge_runs_the_same_and_pays_each_judge_request_once(j
     assert skynet_judged == first_seen
     assert len(native_judged) > len(skynet_judged)
     usage = holder["metric"].judge_usage
-    assert usage.calls == len(skynet_judged)
+    assert usage.requests == len(skynet_judged)
     assert holder["metric"].stats["calls"] + holder["metric"].stats["memo_hits"] == holder["native"].calls
 
 

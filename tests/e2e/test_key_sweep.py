@@ -219,7 +219,7 @@ def test_no_key_reaches_any_result_repr_log_file_or_request(planted, server, tmp
     # the calls really spilled the keys, and failed or passed as they should
     assert results["feedback"].ok and results["feedback"].feedback.startswith("scored with ***")
     assert results["judge"].ok and results["judge"].feedback.startswith("PASS. You sent Basic *** to")
-    assert results["judge_500"].failure == "judge_error" and "InternalServerError" in results["judge_500"].detail
+    assert results["judge_500"].failure == "judge_unreachable" and "InternalServerError" in results["judge_500"].detail
     assert results["named"].ok and "***" in results["named"].scores
     for mode in ("raise", "bad_score", "bad_name"):
         assert results[mode].failure in ("exception", "invalid") and "***" in results[mode].detail, mode
@@ -237,7 +237,8 @@ def test_no_key_reaches_any_result_repr_log_file_or_request(planted, server, tmp
         assert_clean(text, f"{where} ({isolation})")
     assert models.metric_lm.litellm_kwargs()["api_key"] == GIVEN[4]  # LiteLLM still gets the key itself
     assert_records_clean(caplog.records)
-    assert any(record.levelno == logging.ERROR and "judge_error" in record.getMessage() for record in caplog.records)
+    assert any(record.levelno >= logging.WARNING and "judge_unreachable" in record.getMessage()
+               for record in caplog.records)
     metric.close()
     _assert_files_clean(cache)
     judged = [request for request in server.requests if "PASS or FAIL" in request.text]

@@ -90,7 +90,7 @@ def test_an_evaluation_logs_named_score_means_and_the_table_beside_score_and_fee
     assert metrics["scores/brevity"] == pytest.approx((1 / 2 + 1 / 2 + 1 / 3) / 3)
     assert (metrics["failures"], metrics["failures/exception"], metrics["examples"]) == (1, 1, 4)
     assert metrics["run_ms"] > 0 and metrics["cost_usd"] == 0 and metrics["model_calls"] == 0
-    assert metrics["judge/calls"] == 0 and metrics["judge/cache_hits"] == 0
+    assert metrics["judge/requests"] == 0 and metrics["judge/cache_hits"] == 0
     assert metrics["contract/ok"] == 1.0
     assert _artifacts(store, run.info.run_id) == [
         "skynet/contract.json", "skynet/contract.txt", "skynet/results.csv", "skynet/results.json"]

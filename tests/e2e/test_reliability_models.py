@@ -102,7 +102,7 @@ def test_one_fault_is_retried_to_success(judge_metric, judge_server, fault):
     assert len(requests) == 2, f"{fault}: one failed attempt, one retry"
     assert requests[0].body["messages"] == requests[1].body["messages"], "the retry is the same request"
     usage = judge_metric.judge_usage
-    assert (usage.calls - before.calls, usage.errors - before.errors) == (2, 1), "one attempt failed, one answered"
+    assert (usage.requests - before.requests, usage.retries - before.retries) == (2, 1), "one failed, one retried"
     if fault == "429_retry_after":
         assert requests[1].at - requests[0].at >= 0.25, "the retry waited for the server's Retry-After"
 
@@ -114,17 +114,18 @@ def test_a_fault_that_persists_gives_the_failure_score_naming_the_cause(judge_me
 
     score = _judge(judge_metric)
 
-    assert score.result.failure == "judge_error"
+    assert score.result.failure == "judge_unreachable"  # not a setup error: the judge kept failing
     assert float(score) == 0.0 and not score
     # the optimizer reads a neutral sentence; the cause is on the result's detail and in the log
     assert score.feedback == (
-        "Not scored: the metric's judge model could not answer; this is a setup problem, not a fault of the output."
+        "Not scored: the metric's judge model could not be reached (its requests failed after their retries); "
+        "this is not a fault of the output."
     )
     detail = score.result.detail.lower()
     assert any(word in detail for word in words), f"{fault}: the detail {score.result.detail!r} names no cause"
     assert any(word in caplog.text.lower() for word in words), f"{fault}: the log names no cause"
     assert len(judge_server.requests) == MAX_RETRIES + 1, "the retries are bounded"
-    assert judge_metric.stats["judge_error"] == 1 and judge_metric.stats["exception"] == 0
+    assert judge_metric.stats["judge_unreachable"] == 1 and judge_metric.stats["exception"] == 0
 
     judge_server.clear()  # the server recovers: the next example is judged normally
     after = _judge(judge_metric)
@@ -201,7 +202,7 @@ def test_gepa_goes_on_to_completion_while_the_judge_misbehaves(server, lm, judge
     assert isinstance(optimized, dspy.Module)
     stats = metric.stats
     assert stats["calls"] >= 8, "GEPA kept scoring after the faults"
-    assert stats["judge_error"] >= 1, "some judge calls failed for good and were scored, not raised"
+    assert stats["judge_unreachable"] >= 1, "some judge calls failed for good and were scored, not raised"
     judged = [request for request in judge_server.requests if request.system == JUDGE_INSTRUCTIONS]
     assert len(judged) > 11, "every queued fault was met, and the judge answered after them"
     assert [float(score) for score in after] == [1.0] * len(trainset), [score.feedback for score in after]

@@ -228,7 +228,7 @@ def test_sixteen_threads_give_the_single_threaded_results_and_each_example_its_o
         assert stats["calls"] == SOAK_EXAMPLES
         assert sum(stats[str(kind)] for kind in Failure) == 0, stats
         usage = metric.judge_usage
-        assert usage.calls == SOAK_EXAMPLES and usage.errors == 0
+        assert usage.requests == SOAK_EXAMPLES and usage.retries == usage.failed == 0
         assert usage.completion_tokens == JUDGE_TOKENS * SOAK_EXAMPLES
     judged = [request for request in soak_server.requests if request.system.startswith(JUDGE)]
     assert len(judged) == 2 * SOAK_EXAMPLES

@@ -76,7 +76,7 @@ def test_a_gepa_run_reports_its_candidates_and_a_receipt_that_adds_up(tmp_path):
 
     # the judge's figures are the metric's own judge usage (the metric did nothing but this run)
     assert receipt.judge == metric.judge_usage
-    assert receipt.judge.calls == len(requests_by_role(requests, "judge")) > 0
+    assert receipt.judge.requests == len(requests_by_role(requests, "judge")) > 0
     assert receipt.judge.cache_hits > 0  # the same (ticket, answer) is judged once
     # the program's cost is the sum of the measured runs the metric was shown
     assert receipt.program.runs == len(runs) == metric.stats["calls"]
@@ -110,7 +110,7 @@ def test_a_gepa_run_reports_its_candidates_and_a_receipt_that_adds_up(tmp_path):
     assert "<img src='data:image/png;base64," in page and "Cost receipt" in page
     # the compiled program carries the same record
     assert skynet_dspy.report(program).receipt == receipt
-    assert json.loads(json.dumps(report.to_dict()))["receipt"]["judge"]["calls"] == receipt.judge.calls
+    assert json.loads(json.dumps(report.to_dict()))["receipt"]["judge"]["requests"] == receipt.judge.requests
 
     png = tmp_path / "run.png"
     report.plot(png)
@@ -200,5 +200,5 @@ def test_an_optimize_anything_run_reports_the_same_way(tmp_path):
     assert receipt.reflection.cost_usd > 0
     assert receipt.program.model_calls == len(requests) - len(reflections) == receipt.program.runs
     assert receipt.program.cost_usd > 0
-    assert receipt.judge.calls == 0
+    assert receipt.judge.requests == 0
     assert "Answer with the routing code" in report.diff()

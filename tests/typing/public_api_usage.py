@@ -32,7 +32,7 @@ def use_the_api() -> None:
     assert_type(result.feedback, str)
     assert_type(result.failure, skynet_dspy.Failure | None)
     assert_type(metric.judge_usage, skynet_dspy.JudgeUsage)
-    assert_type(metric.judge_usage.calls, int)
+    assert_type(metric.judge_usage.requests, int)
     assert_type(metric.program_usage, skynet_dspy.ProgramUsage)
     assert_type(skynet_dspy.validate_return((1.0, {"feedback": "OK"})), skynet_dspy.Result)
     report = skynet_dspy.check_contract(metric, [{"input": {"ticket": "x"}, "output": "bug"}])

@@ -204,7 +204,7 @@ def test_llm_is_served_by_the_driver_and_no_credential_reaches_the_metric(local_
         for thread in threads:
             thread.join()
         assert [result.score for result in results] == [1.0] * 6, [result.detail for result in results]
-        assert metric.judge_usage.calls == 6 == len(server.requests)
+        assert metric.judge_usage.requests == 6 == len(server.requests)
         assert all(request.headers.get("authorization") == "Bearer judge-key-0123456789"
                    for request in server.requests)
     with skynet_dspy.load_metric(write_metric(tmp_path, ENV_METRIC), isolation="ray") as metric:

@@ -562,6 +562,7 @@ def test_stats_list_every_kind_from_the_start():
         "overloaded": 0,
         "judge_not_configured": 0,
         "judge_error": 0,
+        "judge_unreachable": 0,
         "spend_cap": 0,
         "run_exception": 0,
     }

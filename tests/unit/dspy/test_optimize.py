@@ -64,7 +64,7 @@ def test_gepa_compiles_a_program_with_the_reflection_model_judging(server, lm, m
     assert judged and proposals
     assert {request.body["model"] for request in judged} == {"reflector"}  # llm() fell back to reflection_lm
     assert {request.body["model"] for request in proposals} == {"reflector"}
-    assert metric.judge_usage.calls == len(judged)
+    assert metric.judge_usage.requests == len(judged)
     assert metric.stats["exception"] == 0
 
 

@@ -39,7 +39,7 @@ def main(spec: str, url: str, requests: int, seed: int, start_file: str) -> None
     with ThreadPoolExecutor(8) as pool:
         right = sum(pool.map(ask, asks))
     usage = judge.usage
-    print(json.dumps({"right": right, "asked": len(asks), "errors": errors, "calls": usage.calls,
+    print(json.dumps({"right": right, "asked": len(asks), "errors": errors, "calls": usage.requests,
                       "cache_hits": usage.cache_hits}))
 
 

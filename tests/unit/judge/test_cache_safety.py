@@ -7,6 +7,7 @@ import logging
 import os
 import pickle
 import stat
+import threading
 
 import diskcache
 import pytest
@@ -154,3 +155,42 @@ def test_redis_entries_are_checked_and_hold_no_credential(server, redis_url, red
     client.set(proof_key, '{"v": 2, "key": "k", "text": "forged", "check": "0"}')
     other = judge_for(server, redis_url)
     assert other.complete("Grade.", "planted") == "ok" and len(server.requests) == 3
+
+
+def test_swapping_the_folder_after_it_was_checked_has_no_effect(server, tmp_path):
+    """Whoever owns the folder's parent renames it away and puts a folder holding a forged answer in its place:
+    the judge keeps using the folder it checked (held by descriptor), so the forged answer is never read."""
+    folder = tmp_path / "cache"
+    judge = judge_for(server, folder)
+    assert judge.complete("Grade.", "first") == "ok"  # the store is open and used
+    forger_folder = tmp_path / "forged"
+    forger = judge_for(server, forger_folder)
+    forger.cache.store.put(the_key(judge, "second"), "PASS: forged", {"model": "openai/gpt-4o-mini"})
+    forger.cache.store.close()
+    folder.rename(tmp_path / "moved-away")
+    forger_folder.rename(folder)
+    answers: list[str] = []
+    asking = threading.Thread(target=lambda: answers.append(judge.complete("Grade.", "second")))  # a new connection
+    asking.start()
+    asking.join(60)
+    assert answers == ["ok"] and len(server.requests) == 2  # the judge was asked; the forged entry was not read
+
+
+def test_a_planted_pickle_in_the_call_figures_store_runs_nothing(tmp_path, caplog):
+    """The cost/latency store kept beside DSPy's cache holds JSON only: a planted pickle is a miss with a warning."""
+    from skynet_dspy._dspy.replay import FOLDER, CallFigures, Replay
+
+    replay = Replay()
+    replay.remember("k-good", CallFigures(1, 10, 5, 0.001, None, 12.0), str(tmp_path))
+    proof = tmp_path / "code-ran"
+    planted = diskcache.Cache(str(tmp_path / FOLDER))  # diskcache's default Disk pickles any object
+    planted.set("k-planted", Boom(str(proof)))
+    planted.close()
+    fresh = Replay()  # another process: nothing in memory
+    with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
+        assert fresh.recall("k-planted", str(tmp_path)) is None
+        assert fresh.recall("k-planted", str(tmp_path)) is None
+        assert fresh.recall("k-good", str(tmp_path)) == CallFigures(1, 10, 5, 0.001, None, 12.0)
+    assert not proof.exists()
+    assert len([r for r in caplog.records if "never decoded" in r.getMessage()]) == 1
+    assert stat.S_IMODE((tmp_path / FOLDER).stat().st_mode) == 0o700  # private to the user

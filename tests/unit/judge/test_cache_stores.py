@@ -95,7 +95,7 @@ def test_a_redis_entry_holds_the_answer_model_and_settings_never_the_key(server,
     assert first.complete("Grade it.", "an answer", temperature=0.0) == "answer to an answer"
     again = judge_for(server, redis_url)  # another process's judge, in effect: nothing in its memory
     assert again.complete("Grade it.", "an answer", temperature=0.0) == "answer to an answer"
-    assert (again.usage.calls, again.usage.cache_hits) == (0, 1) and len(server.requests) == 1
+    assert (again.usage.requests, again.usage.cache_hits) == (0, 1) and len(server.requests) == 1
     client = redis_server.client()
     keys = [key.decode() for key in client.keys(f"{KEY_PREFIX}*")]
     assert len(keys) == 1  # the answer; the in-flight lock was released
@@ -186,7 +186,7 @@ def test_a_disk_cache_locked_by_another_process_never_fails_a_call(tmp_path, how
                 holder.wait()
     assert result.score == 100.0 and stats["calls"] == 24  # every call scored...
     assert sum(stats[kind] for kind in stats if kind not in ("calls", "memo_hits")) == 0  # ...none failed
-    assert usage.calls == 24 and usage.errors == 0
+    assert usage.requests == 24 and usage.retries == usage.failed == 0
     assert loaded < 15 and seconds < 20  # neither the load nor a call waited for the lock for long
     warnings = [r.getMessage() for r in caplog.records if "judge cache" in r.getMessage()]
     assert len(warnings) == 1 and str(folder) in warnings[0]
@@ -221,7 +221,7 @@ def test_a_disk_cache_corrupted_during_a_run_means_no_cache_with_one_warning(ser
             judge.complete("Grade it.", text) for text in ("two", "three")))
         asking.start()
         asking.join()
-    assert answers == ["answer to two", "answer to three"] and judge.usage.errors == 0
+    assert answers == ["answer to two", "answer to three"] and judge.usage.retries == judge.usage.failed == 0
     warnings = [r.getMessage() for r in caplog.records if "judge cache" in r.getMessage()]
     assert len(warnings) == 1 and str(folder) in warnings[0]
 

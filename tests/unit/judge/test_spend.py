@@ -68,7 +68,7 @@ def test_an_unpriced_answer_without_a_cap_is_cost_unknown_never_zero(server):
     judge = Judge(metric_lm={"model": "openai/no-such-priced-model", "api_base": server.url, "api_key": KEY},
                   max_retries=0)
     judge.complete("Grade.", "answer")
-    assert judge.usage.cost_usd is None and judge.usage.calls == 1
+    assert judge.usage.cost_usd is None and judge.usage.requests == 1
 
 
 def test_the_judge_cap_holds_under_threads_with_bounded_overshoot(caplog):

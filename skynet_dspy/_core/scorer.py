@@ -210,7 +210,7 @@ class Scorer:
                 "metric to see what is wrong.",
                 self.info.label, streak, kind, detail, self.failure_score,
             )
-        return Result(self.failure_score, text, None, {}, kind, detail)
+        return Result(self.failure_score, text, None, {}, kind, detail, output=outcome.output)
 
     def _setup_problem(self, kind: Failure, detail: str) -> None:
         """Log a setup problem (no judge model, a refused key, a spending cap) as an error, the first time."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+from dataclasses import replace
 from typing import Any
 
 from ..types import Failure, MetricInfo, Outcome, Result
@@ -33,7 +34,8 @@ def to_worker(message: Any) -> bytes:
     """A message for a worker; user values are pickled by value where pickle would need the user's script."""
     import cloudpickle
 
-    return cloudpickle.dumps(message, protocol=PROTOCOL)
+    data: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
+    return data
 
 
 def to_parent(message: Any) -> bytes:
@@ -166,6 +168,7 @@ def outcome_to_plain(outcome: Outcome) -> dict[str, Any]:
         "error_type": outcome.error_type,
         "judge_problem": None if outcome.judge_problem is None else str(outcome.judge_problem),
         "judge_detail": outcome.judge_detail,
+        "output": outcome.output,
     }
 
 
@@ -201,6 +204,9 @@ def outcome_from_plain(data: Any) -> Outcome:
         except Exception:  # noqa: BLE001 - e.g. OverflowError from float() of a huge int a metric wrote itself
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent a malformed result")
     failure = _failure(data.get("failure"))
+    output = _text(data.get("output"))
+    if result is not None and output is not None:
+        result = replace(result, output=output)
     if result is None and failure is None:
         return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent neither a result nor a failure")
     return Outcome(
@@ -211,6 +217,7 @@ def outcome_from_plain(data: Any) -> Outcome:
         error_type=_name(data.get("error_type"), _TYPE_NAME),
         judge_problem=_failure(data.get("judge_problem")),
         judge_detail=_text(data.get("judge_detail")),
+        output=output,
     )
 
 

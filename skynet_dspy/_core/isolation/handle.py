@@ -280,24 +280,24 @@ class Output:
         self.total = 0
 
     def read(self) -> bool:
-        """Read what is there now (the pipe does not block); False once every writer has closed it."""
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        self.total += len(chunk)
-        if len(self.kept) < self.KEEP:
-            self.kept += chunk[:self.KEEP - len(self.kept)]
-        return bool(chunk)
+        """Read what the pipe holds now (it never blocks); False once every writer has closed it."""
+        for _ in range(64):  # bounded: a process the metric started may write without end
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.total += len(chunk)
+            if len(self.kept) < self.KEEP:
+                self.kept += chunk[:self.KEEP - len(self.kept)]
+        return True
 
     def take(self) -> str | None:
-        """The text written since the last take (what is still in the pipe included), or None when nothing was."""
-        for _ in range(64):  # bounded: a process the metric started may write without end
-            before = self.total
-            if not self.read() or self.total == before:
-                break
+        """The text read since the last take, or None when there was none. The worker writes out what score
+        printed before it replies, so by the reply, the poll that saw it has seen the output too (wait)."""
         if not self.total:
             return None
         text = self.kept.decode("utf-8", "replace")

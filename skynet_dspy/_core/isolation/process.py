@@ -208,6 +208,9 @@ class ProcessExecutor:
                     "module-level code so the file imports cleanly"
                 ) from None
             worker.info = self._loaded_info(reply)
+            printed = worker.output.take()  # what its import printed: not its first call's
+            if printed:
+                logger.debug("skynet-dspy: importing the metric in a worker process printed:\n%s", printed)
         except BaseException:
             worker.kill()
             raise
@@ -352,7 +355,6 @@ class ProcessExecutor:
         except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
             self._discard(worker)
             raise
-        worker.output.take()  # what it wrote between calls (a process it started) is not this call's
         try:
             outcome, keep = self._await(worker, call_id, llm)
         except Gone:

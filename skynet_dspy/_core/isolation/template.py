@@ -28,7 +28,7 @@ A template that cannot be forked safely after importing the metric (threads runn
 event descriptors open, which every worker would share: one connection answering every worker's calls) makes
 the pool start fresh interpreters instead (handle.WorkerProcess), and stays as the pool's warden (its reaper).
 Fork hooks the metric registers (os.register_at_fork) never run in the template: the ones for a child run in
-each worker, bounded in time. Messages are framed like multiprocessing.Connection's.
+each worker, bounded in time.
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import WorkerError
@@ -105,16 +104,17 @@ class Template:
         finally:
             theirs.close()
         self.pid = self.proc.pid
-        self._sock = ours
+        # messages framed as multiprocessing.Connection's; descriptors for a worker go beside them on the socket
+        self._sock, self._conn = ours, Connection(os.dup(ours.fileno()))
         self._lock = threading.Lock()
         self.unsafe: list[str] = []  # why forking it is unsafe after the import (threads, open descriptors)
         try:  # its interpreter has started: what follows (the metric's import) is timed from here
-            ready = _receive(ours, time.monotonic() + STARTUP_TIMEOUT)
-        except (OSError, ValueError):
+            ready = self._conn.poll(STARTUP_TIMEOUT) and self._conn.recv_bytes()
+        except (OSError, EOFError):
             ready = None
-        if ready is None:
+        if not ready:
             self.kill()
-            ours.close()
+            self._close()
             raise WorkerError(f"the metric's template process did not start ({sys.executable}): {self.printed()}")
 
     def request(self, message: dict[str, Any], seconds: float, fds: list[int] | None = None) -> dict[str, Any] | None:
@@ -124,15 +124,15 @@ class Template:
             if self.proc.poll() is not None:
                 raise Gone
             try:
-                _send(self._sock, wire.to_worker(message), fds)
-                data = _receive(self._sock, time.monotonic() + seconds)
-            except TimeoutError:
-                self.kill()
-                return None
-            except (OSError, ValueError):
+                self._conn.send_bytes(wire.to_worker(message))
+                if fds:
+                    socket.send_fds(self._sock, [b"\0"], fds)
+                if not self._conn.poll(seconds):
+                    self.kill()
+                    return None
+                data = self._conn.recv_bytes(wire.MAX_MESSAGE)
+            except (OSError, EOFError):
                 raise Gone from None
-        if data is None:
-            raise Gone
         try:
             reply = wire.from_worker(data)
         except Exception:
@@ -155,7 +155,7 @@ class Template:
         """What the template printed so far (its first few kB), None when nothing."""
         self._output.seek(0)
         output = Output(self._output.fileno())
-        output.read()
+        output.kept += self._output.read(Output.KEEP)
         output.total = os.fstat(self._output.fileno()).st_size
         return output.take()
 
@@ -184,11 +184,15 @@ class Template:
         if self.alive:
             try:
                 with self._lock:
-                    _send(self._sock, wire.to_worker({"kind": "stop"}), None)
+                    self._conn.send_bytes(wire.to_worker({"kind": "stop"}))
                 self.proc.wait(STARTUP_TIMEOUT / 10)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        self._conn.close()
         self._sock.close()
         self._output.close()
 
@@ -272,26 +276,28 @@ def main() -> None:
 
     worker.prepare()
     control = socket.socket(fileno=int(sys.argv[1]))
-    _start_reaper(os.environ.get(tree.MARK, ""), control.fileno())
+    conn = Connection(os.dup(control.fileno()))
+    _start_reaper(os.environ.get(tree.MARK, ""), [control.fileno(), conn.fileno()])
     os.register_at_fork = _hold_fork_hook  # the metric's hooks: see _hold_fork_hook
     libc = ctypes.CDLL(None, use_errno=True)
-    _send(control, wire.to_parent({"kind": "ready"}), None)
+    conn.send_bytes(wire.to_parent({"kind": "ready"}))
     loaded, feedback_limit = None, 0
     workers: set[int] = set()
     while True:
-        data, fds = _receive_request(control)
-        if data is None:
+        try:
+            message = wire.from_parent(conn.recv_bytes())
+        except (EOFError, OSError):
             _exit(0)
-        message = wire.from_parent(data)
         kind = message.get("kind")
+        fds = socket.recv_fds(control, 1, 2)[1] if kind == "fork" else []
         if kind == "load":
             feedback_limit = message["feedback_limit"]
             loaded, reply = worker.load_reply(message)
-            reply["unsafe"] = _other_threads() + _shared_descriptors({control.fileno()})
+            reply["unsafe"] = _other_threads() + _shared_descriptors({control.fileno(), conn.fileno()})
             gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
         elif kind == "fork" and len(fds) == 2:
             try:
-                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, control.fileno())
+                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, [control.fileno(), conn.fileno()])
             except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
                 reply = {"kind": "error", "message": str(exc)}
             else:
@@ -306,10 +312,10 @@ def main() -> None:
             reply = {"kind": "error"}
         for fd in fds:
             _close(fd)
-        _send(control, wire.to_parent(reply), None)
+        conn.send_bytes(wire.to_parent(reply))
 
 
-def _start_reaper(pool: str, control: int) -> None:
+def _start_reaper(pool: str, control: list[int]) -> None:
     """Fork the process that kills everything carrying the pool's mark once the user's process is gone (the kernel
     kills the template and its workers then, but not what the workers started and moved); it exits with the
     template otherwise."""
@@ -319,7 +325,8 @@ def _start_reaper(pool: str, control: int) -> None:
         return
     if _fork_process() == 0:
         try:
-            _close(control)  # the user's process sees the template's socket close when the template ends
+            for fd in control:  # the user's process sees the template's socket close when the template ends
+                _close(fd)
             select.select([user, template], [], [])
             if pool and select.select([user], [], [], 0)[0]:
                 tree.kill_marked(pool, pool=True)
@@ -362,7 +369,7 @@ def _run_child_hooks() -> None:
     thread.join(_HOOK_TIMEOUT)
 
 
-def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: Any, control: int) -> int:
+def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: Any, control: list[int]) -> int:
     """Fork a worker that serves the socket fds[0], writing its output to fds[1], with the metric already loaded."""
     template = _getpid()
     pid = _fork_process()
@@ -373,7 +380,8 @@ def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: An
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the kernel kills it when the template ends
         if _getppid() != template:  # the template ended before the line above
             _exit(1)
-        _close(control)
+        for fd in control:
+            _close(fd)
         _dup2(fds[1], 1)
         _dup2(fds[1], 2)
         _close(fds[1])
@@ -430,50 +438,3 @@ def _other_threads() -> list[str]:
         except OSError:
             names.append("a native thread")
     return names
-
-
-# -- framing: multiprocessing.Connection's (a 4-byte length, then the bytes), a descriptor on the first byte ---
-
-
-def _send(sock: socket.socket, data: bytes, fds: list[int] | None) -> None:
-    framed = struct.pack("!i", len(data)) + data
-    if fds:  # sent with the first byte alone, so a reader gets them with the header
-        socket.send_fds(sock, [framed[:1]], fds)
-        framed = framed[1:]
-    sock.sendall(framed)
-
-
-def _receive_request(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """The template reads a request (the user's process is trusted here): its bytes and any descriptor."""
-    first, fds, _, _ = socket.recv_fds(sock, 4, 2)
-    if not first:
-        return None, fds
-    rest = _exact(sock, 4 - len(first), None)
-    if rest is None:
-        return None, fds
-    return _exact(sock, struct.unpack("!i", first + rest)[0], None), fds
-
-
-def _receive(sock: socket.socket, deadline: float) -> bytes | None:
-    """The user's process reads the template's reply, bounded in time and size; None when it closed."""
-    header = _exact(sock, 4, deadline)
-    if header is None:
-        return None
-    size = struct.unpack("!i", header)[0]
-    if not 0 <= size <= wire.MAX_MESSAGE:
-        raise ValueError("the template sent what no template of ours sends")
-    return _exact(sock, size, deadline)
-
-
-def _exact(sock: socket.socket, size: int, deadline: float | None) -> bytes | None:
-    data = bytearray()
-    while len(data) < size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
-                raise TimeoutError
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)

@@ -112,21 +112,28 @@ def score(input, output, expected=None):
 """
 
 USER = """
-import sys, threading
+import ctypes, os, sys, threading
 import skynet_dspy
 metric = skynet_dspy.load_metric(sys.argv[1], timeout=60)
 result = metric.score({}, "x")
-print(metric.scorer.executor._template.pid, result.extra["pid"], flush=True)
+dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+print(os.getpid(), dumpable, metric.scorer.executor._template.pid, result.extra["pid"], flush=True)
 threading.Event().wait()
 """
 
 
-def test_the_template_and_its_workers_end_with_the_users_process_even_when_the_template_is_stopped(tmp_path):
-    path = write_metric(tmp_path, SLEEPS)
+def _start_user(tmp_path) -> tuple[subprocess.Popen[str], list[int]]:
+    """A user's process that loaded a metric and scored once: it, and (its pid, whether it is dumpable, the
+    template's pid, the worker's pid)."""
     script = write_metric(tmp_path, USER, "user.py")
-    user = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
+    user = subprocess.Popen([sys.executable, str(script), str(write_metric(tmp_path, SLEEPS))], stdout=subprocess.PIPE,
+                            text=True)
+    return user, [int(word) for word in user.stdout.readline().split()]
+
+
+def test_the_template_and_its_workers_end_with_the_users_process_even_when_the_template_is_stopped(tmp_path):
+    user, (_, _, template, worker) = _start_user(tmp_path)
     try:
-        template, worker = map(int, user.stdout.readline().split())
         os.kill(template, signal.SIGSTOP)  # or stuck in C code: it cannot act on anything
         user.kill()
         user.wait()
@@ -211,7 +218,9 @@ def test_what_score_prints_is_in_the_result_the_log_and_the_results_table(tmp_pa
     assert cells["printed"].startswith("hello from score 1")
 
 
-def test_exit_codes_are_reported_as_they_were(tmp_path):
+@pytest.mark.parametrize("start", ["template", "fresh"])
+def test_exit_codes_are_reported_as_they_were(tmp_path, start, monkeypatch):
+    monkeypatch.setenv(START_VARIABLE, start)
     path = write_metric(tmp_path, """
         import os, signal
         def score(input, output, expected=None):
@@ -225,22 +234,9 @@ def test_exit_codes_are_reported_as_they_were(tmp_path):
     assert crashed.failure is Failure.CRASHED and "killed by SIGSEGV" in crashed.detail
 
 
-DEBUGGED_USER = """
-import ctypes, os, sys, threading
-import skynet_dspy
-metric = skynet_dspy.load_metric(sys.argv[1], timeout=60)
-assert metric.score({}, "x").failure is None
-print(os.getpid(), ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), flush=True)  # PR_GET_DUMPABLE
-threading.Event().wait()
-"""
-
-
 def test_the_users_process_stays_debuggable_while_workers_live(tmp_path):
-    path = write_metric(tmp_path, SLEEPS)
-    script = write_metric(tmp_path, DEBUGGED_USER, "user.py")
-    user = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
+    user, (pid, dumpable, _, _) = _start_user(tmp_path)
     try:
-        pid, dumpable = map(int, user.stdout.readline().split())
         assert dumpable == 1  # a same-user profiler may attach (and so may a same-user metric: docs/isolation.md)
         py_spy = Path(sys.executable).with_name("py-spy")  # the dev extra
         done = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=300)

@@ -58,8 +58,8 @@ class Launcher(Protocol):
 
 
 class Gone(Exception):
-    """The worker process exited (or its socket closed, or sent what no worker of ours sends) while a reply
-    was awaited."""
+    """The worker process exited (or its socket closed, or it sent what is not plain data) while a reply was
+    awaited."""
 
 
 def exit_text(returncode: int | None) -> str:

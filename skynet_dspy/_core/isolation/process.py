@@ -13,12 +13,10 @@ way never a fork of the user's process (DSPy's and LiteLLM's threads), and the u
 re-run (multiprocessing's spawn and forkserver re-import the main module in every worker). A call waits for
 whichever worker is ready first, and that wait is not charged to its timeout.
 
-Measured against pebble's ProcessPool on the same machine
-(`make bench`, row 6b, benchmarks/isolation.py): pebble's round trip of a trivial function alone takes
-1.3-1.5x this module's whole call (97 vs 65 µs median, 138 vs 103 on a busier machine); its shared task
-channel would also let a process forked inside score take tasks. So this module manages its processes
-itself, in the simplest way that keeps those promises: handle.py is one worker process, source.py how a
-worker finds the metric, worker.py the worker's own loop.
+pebble's ProcessPool round trip of a trivial function alone takes about as long as this module's whole call
+(`make bench`, row 6b), and its shared task channel would let a process forked inside score take tasks: so
+this module manages its processes itself. handle.py is one worker process, source.py how a worker finds the
+metric, worker.py the worker's own loop.
 """
 
 from __future__ import annotations

@@ -23,9 +23,7 @@ MAX_DEPTH = 20
 MAX_ITEMS = 100_000  # values in one message (containers and scalars alike); past it a container is cut with a note
 MAX_CHARS = 16_000_000  # characters of str and bytes values in one message; past it a text is cut with a note
 MAX_REPR = 10_000
-# Bytes of one message from a worker. A worker's own messages stay well below it (the bounds above); a
-# longer one was written by a metric into the worker's socket, and the worker is not to be trusted.
-MAX_MESSAGE = 64 * 2**20
+MAX_MESSAGE = 64 * 2**20  # bytes of one message from a worker: its own stay well below it (the bounds above)
 CUT_KEY = "[not sent]"  # the key a dict cut short by MAX_ITEMS holds, saying how many items were left out
 _SCALARS = (type(None), bool, int, float, str, bytes)
 

@@ -188,7 +188,7 @@ def test_a_metric_printing_10_mb_per_call_reaches_the_user_as_a_few_kb_only(tmp_
     script = write_metric(tmp_path, FLOOD_USER, "user.py")
     done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert len(done.stdout) + len(done.stderr) < 5_000, (len(done.stdout), len(done.stderr))
+    assert len(done.stdout) + len(done.stderr) < 10_000, (len(done.stdout), len(done.stderr))  # one 4 kB warning
     result_line = next(line for line in done.stderr.decode().splitlines() if line.startswith("RESULT"))
     assert result_line.count("'MARK-print") == 2, result_line  # each call's own output, from its start
     tail = next(line for line in done.stderr.decode().splitlines() if line.startswith("TAIL"))
@@ -210,7 +210,7 @@ def test_what_score_prints_is_in_the_result_the_log_and_the_results_table(tmp_pa
         assert result.output.startswith(f"hello from score {i}\nto stderr")
         assert "more bytes of output not kept" in result.output and len(result.output) < 5_000
     logged = [record for record in caplog.records if "hello from score" in record.getMessage()]
-    assert [record.levelno for record in logged] == [logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert [record.levelno for record in logged] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     from skynet_dspy._results.table import layout, row_of_result, values
 
     rows = [row_of_result({"i": i}, "x", None, result) for i, result in enumerate(results)]

@@ -334,7 +334,16 @@ def spawn(start: Callable[[], _T]) -> _T:
         requests = _spawner[1]
     done: Future[_T] = Future()
     requests.put((start, done))
-    return done.result()
+    try:
+        return done.result()
+    except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
+        done.add_done_callback(_kill_started)
+        raise
+
+
+def _kill_started(started: Future[Any]) -> None:
+    if started.exception() is None and isinstance(started.result(), subprocess.Popen):
+        started.result().kill()
 
 
 def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:

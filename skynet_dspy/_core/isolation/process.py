@@ -390,8 +390,9 @@ class ProcessExecutor:
             return outcome
         if not self._output_logged:
             self._output_logged = True
-            logger.info("skynet-dspy: %s wrote to stdout/stderr during a call (kept in each result's `output`, "
-                        "logged at DEBUG level from now on):\n%s", self.info.label, output)
+            logger.warning("skynet-dspy: %s wrote to stdout/stderr during a call (shown once here; each call's "
+                           "first 4 kB are kept in its result's `output`, and logged at DEBUG level):\n%s",
+                           self.info.label, output)
         else:
             logger.debug("skynet-dspy: %s wrote during a call:\n%s", self.info.label, output)
         result = None if outcome.result is None else replace(outcome.result, output=output)

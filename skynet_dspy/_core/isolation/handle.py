@@ -145,7 +145,7 @@ class WorkerProcess:
             self._poller.register(self._pidfd, select.POLLIN)
         self.info: MetricInfo | None = None
         self.llm_slots = threading.BoundedSemaphore(MAX_LLM_AT_ONCE)
-        self.used = False  # it has taken a call: what that call left behind may have broken it
+        self._received = bytearray()  # bytes read from the socket, not yet a whole message
         try:
             ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
         except Gone:
@@ -161,12 +161,28 @@ class WorkerProcess:
             self.conn.send_bytes(data)
 
     def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; Gone when the process is gone."""
+        """The worker's next message, or None at the deadline; Gone when the process is gone.
+
+        Bytes are read as they come and framed here (multiprocessing.Connection's framing), so bytes a metric
+        writes into its worker's socket (half a frame, a header announcing a gigabyte) cannot make this wait past
+        the deadline: the sandbox runs hostile code on this same path.
+        """
         conn_fd = self.conn.fileno()
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
                 return None
+            if len(self._received) >= 4:
+                size = struct.unpack("!i", self._received[:4])[0]
+                if not 0 <= size <= wire.MAX_MESSAGE:
+                    raise Gone  # no worker of ours sends this
+                if len(self._received) >= 4 + size:
+                    data = bytes(self._received[4:4 + size])
+                    del self._received[:4 + size]
+                    try:
+                        return wire.from_worker(data)
+                    except Exception:  # not plain data: no worker of ours sends that
+                        raise Gone from None
             if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
                 remaining = min(remaining, 0.25)
                 if self.proc.poll() is not None and not self.conn.poll(0):
@@ -180,14 +196,18 @@ class WorkerProcess:
                 continue
             if any(fd == conn_fd for fd, _ in events):
                 try:
-                    return wire.from_worker(self.conn.recv_bytes(wire.MAX_MESSAGE))
-                except Exception:  # closed, or not plain data: no worker of ours sends that
+                    chunk = os.read(conn_fd, 1 << 16)
+                except OSError:
                     raise Gone from None
+                if not chunk:
+                    raise Gone
+                self._received += chunk
+                continue
             raise Gone  # only the pidfd is readable: the process exited
 
     def healthy(self) -> bool:
         """Whether an idle worker can take a call: not exited, and silent on its socket since its last reply."""
-        return all(fd == self.output.fd for fd, _ in self._poller.poll(0))
+        return not self._received and all(fd == self.output.fd for fd, _ in self._poller.poll(0))
 
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it (no zombie is left): what left its process group

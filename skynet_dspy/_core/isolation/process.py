@@ -344,7 +344,6 @@ class ProcessExecutor:
                 detail=f"the values to score cannot be sent to the metric's worker process ({exception_text(exc)}); "
                 "give plain values (to_output=...), or use isolation='thread'",
             )
-        worker.used = True
         try:
             worker.send(data)
         except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run

@@ -207,7 +207,7 @@ class Scorer:
                 "metric to see what is wrong.",
                 self.info.label, streak, kind, detail, self.failure_score,
             )
-        return Result(self.failure_score, text, None, {}, kind, detail)
+        return Result(self.failure_score, text, None, {}, kind, detail, output=outcome.output)
 
     @contextmanager
     def run(self) -> Iterator[None]:

@@ -74,6 +74,7 @@ class Result:
     failure: Failure | None = None
     detail: str | None = None
     observation: Observation | None = None
+    output: str | None = None  # what score wrote to stdout/stderr during the call: its first few kB (workers only)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,7 @@ class Outcome:
     error_type: str | None = None
     judge_problem: Failure | None = None
     judge_detail: str | None = None
+    output: str | None = None  # what score wrote to stdout/stderr during the call (bounded)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

@@ -17,7 +17,7 @@ from .._core.types import Observation, Result
 
 PROGRAM_ERROR = "program_error"  # dspy.Evaluate's row for an example whose program raised: the metric never ran
 MEASURED = ("run_ms", "cost_usd", "model_calls")  # the measured run's columns, when the run was measured
-FIXED = ("output", "score", "feedback", "failure", *MEASURED)
+FIXED = ("output", "score", "feedback", "failure", *MEASURED, "printed")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Row:
     failure: str = ""  # "" when the call worked; else a Failure kind, or "program_error"
     detail: str | None = None  # the failure's full message (the user's only; never an optimizer's)
     observation: Observation | None = None
+    printed: str | None = None  # what score wrote to stdout/stderr during the call (its first few kB)
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,14 @@ class Layout:
     expected: dict[str, str]
     scores: dict[str, str]
     measured: bool
+    printed: bool = False  # some call printed: a "printed" column
 
     @property
     def columns(self) -> list[str]:
         """Every column, in table order: inputs, output(s), expected, score, named scores, feedback, failure, run."""
         return [
             *self.inputs.values(), *self.outputs.values(), *self.expected.values(), "score", *self.scores.values(),
-            "feedback", "failure", *(MEASURED if self.measured else ()),
+            "feedback", "failure", *(MEASURED if self.measured else ()), *(("printed",) if self.printed else ()),
         ]
 
 
@@ -81,7 +83,7 @@ def row_of_result(inputs: dict[str, Any], output: Any, expected: dict[str, Any] 
     """The Row of one metric call on plain values."""
     return Row(
         inputs, output, expected, float(result.score), result.feedback, dict(result.scores or {}),
-        str(result.failure) if result.failure is not None else "", result.detail, result.observation,
+        str(result.failure) if result.failure is not None else "", result.detail, result.observation, result.output,
     )
 
 
@@ -116,7 +118,7 @@ def layout(rows: Sequence[Row], include_expected: bool = False) -> Layout:
     scores = named(_union(row.scores.keys() for row in rows), taken, "scores")
     inputs = named(_union(row.inputs.keys() for row in rows), taken, "input")
     measured = any(row.observation is not None and row.observation.measured for row in rows)
-    return Layout(inputs, outputs, expected, scores, measured)
+    return Layout(inputs, outputs, expected, scores, measured, any(row.printed for row in rows))
 
 
 def _output_columns(rows: Sequence[Row]) -> dict[str, str]:
@@ -157,6 +159,8 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
         cells["run_ms"] = run.run_ms if run else None
         cells["cost_usd"] = run.cost_usd if run else None
         cells["model_calls"] = run.model_calls if run else None
+    if columns.printed:
+        cells["printed"] = row.printed
     return cells
 
 

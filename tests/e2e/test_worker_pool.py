@@ -52,22 +52,24 @@ def test_a_slow_importing_metric_under_12_threads_scores_every_call(tmp_path, st
 
 
 SPINS = """
-import os, sys
+import sys
 
 def score(input, output, expected=None):
-    print("worker", os.getpid(), file=sys.stderr, flush=True)
-    sys.setswitchinterval(10000)  # the worker's own watch thread never gets the GIL again
+    sys.setswitchinterval(10000)  # a thread of the worker's own would never get the GIL again
     while True:
         pass
 """
 
 SPINNING_USER = """
-import sys, threading
+import sys, threading, time
 import skynet_dspy
 metric = skynet_dspy.load_metric(sys.argv[1], timeout=600, workers=2)
 print("helpers", *[helper.pid for helper in metric.scorer.executor._helpers], file=sys.stderr, flush=True)
 for _ in range(2):
     threading.Thread(target=metric.score, args=({}, "x"), daemon=True).start()
+while len(metric.scorer.executor.worker_pids) < 2:
+    time.sleep(0.01)
+print("workers", *metric.scorer.executor.worker_pids, file=sys.stderr, flush=True)
 threading.Event().wait()
 """
 
@@ -87,7 +89,7 @@ def test_no_worker_outlives_the_users_process_even_when_the_metric_hogs_the_gil(
         pids = []
         while len(pids) < 3:
             line = user.stderr.readline()
-            assert line.startswith(("worker ", "helpers ")), line
+            assert line.startswith(("workers ", "helpers ")), line
             pids += [int(word) for word in line.split()[1:]]
         time.sleep(0.3)  # both spin now
         user.kill()

@@ -2,8 +2,7 @@
 
 The worker is a fresh interpreter (`python -P -c ... FD`, see worker.py) on a socket of its own, with a
 credential-free environment and native thread pools capped, in a session of its own (a worker forked from
-the template is template.ForkedWorker, the same protocol). Nothing it sends is trusted: replies are framed and
-bounded here, so bytes a metric writes into the socket cannot make the reader wait past a deadline.
+the template is template.ForkedWorker, the same protocol). Its replies are read back as plain data only.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import select
 import signal
 import socket
@@ -20,17 +20,20 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import WorkerError
 from ..secrets import credential_free_environment
 from ..types import MetricInfo
-from . import dumpable, tree, wire
+from . import tree, wire
 
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
+PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
 PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker appends after its own (JSON)
 # Run first in every process that runs score (started with -P: no current directory or script folder first):
 # the user's import path is appended after the standard library and site-packages, never ahead of them.
@@ -44,8 +47,6 @@ _WORKER_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.worker import main;
 # the template unsafe to fork.
 THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
-_READ_SIZE = 1 << 16  # bytes read from a worker's socket at a time
-_NO_MESSAGE = object()  # no whole message received yet
 
 
 class Launcher(Protocol):
@@ -57,8 +58,8 @@ class Launcher(Protocol):
 
 
 class Gone(Exception):
-    """The worker process exited (or its socket closed, or sent what no worker of ours sends) while a reply
-    was awaited."""
+    """The worker process exited (or its socket closed, or it sent what is not plain data) while a reply was
+    awaited."""
 
 
 def exit_text(returncode: int | None) -> str:
@@ -77,7 +78,6 @@ class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
     _inner: int | None = None  # the worker itself, when `pid` is a launcher's process above it (a sandbox)
-    _dumpable: dumpable.Hold | None = None  # keeps the user's process undumpable while it lives (dumpable.py)
 
     def __init__(self, send_timeout: float, token: str | None = None, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
@@ -86,34 +86,36 @@ class WorkerProcess:
         self.token = token or uuid.uuid4().hex
         argv = [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())]
         env, cwd = {**worker_environment(), tree.MARK: self.token}, os.getcwd()
-        self._dumpable = dumpable.Hold()  # while it lives, a same-user worker cannot read this process's memory
         start = launcher.start if launcher is not None else subprocess.Popen
+        if launcher is None:
+            env[PARENT_VARIABLE] = str(os.getpid())  # it dies with this process (worker.prepare)
+        output, written = output_pipe()
         try:
-            self.proc = start(
+            self.proc = spawn(lambda: start(
                 argv,
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=output_stream(),
-                stderr=output_stream(),
+                stdout=written,
+                stderr=written,
                 start_new_session=True,  # its own process group: killing it kills what it forked
-            )
+            ))
         except BaseException as exc:  # a Ctrl-C while a sandbox starts it too: nothing is left holding
             ours.close()
-            self._release_dumpable()
+            os.close(output)
             if isinstance(exc, OSError):
                 raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
             raise
         finally:
             theirs.close()
+            os.close(written)
         try:
-            self._attach(ours, self.proc.pid)
+            self._attach(ours, self.proc.pid, output)
         except BaseException:
             if self.proc.poll() is None:  # _attach kills a worker that did not start; an interrupt leaves it here
                 self.proc.kill()
                 self.proc.wait()
-            self._release_dumpable()
             raise
         # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
         self._inner = _innermost(self.pid) if launcher is not None else None
@@ -128,20 +130,21 @@ class WorkerProcess:
         """How the process ended (as Popen says it), None while it runs or when unknown."""
         return self.proc.returncode
 
-    def _attach(self, ours: socket.socket, pid: int) -> None:
-        """Take the worker's socket and wait for it to say it is ready."""
+    def _attach(self, ours: socket.socket, pid: int, output: int) -> None:
+        """Take the worker's socket and the read end of its stdout/stderr, and wait for it to say it is ready."""
         self.conn = Connection(ours.detach())
+        self.output = Output(output)
         self.send_lock = threading.Lock()
         self.pid = pid
         self.calls = 0  # calls it has answered (for worker_max_calls)
         self._pidfd = _pidfd(self.pid)
         self._poller = select.poll()
         self._poller.register(self.conn.fileno(), select.POLLIN)
+        self._poller.register(output, select.POLLIN)
         if self._pidfd is not None:
             self._poller.register(self._pidfd, select.POLLIN)
         self.info: MetricInfo | None = None
         self.llm_slots = threading.BoundedSemaphore(MAX_LLM_AT_ONCE)
-        self.used = False  # it has taken a call: what that call left behind may have broken it
         self._received = bytearray()  # bytes read from the socket, not yet a whole message
         try:
             ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
@@ -149,10 +152,9 @@ class WorkerProcess:
             ready = None
         if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
             self.kill()
-            raise WorkerError(
-                f"a metric worker process did not start ({exit_text(self.returncode)}; its error output, "
-                "if any, is above)"
-            )
+            written = self.output.take()
+            raise WorkerError(f"a metric worker process did not start ({exit_text(self.returncode)})"
+                              + (f"; its output: {written}" if written else ""))
 
     def send(self, data: bytes) -> None:
         with self.send_lock:
@@ -161,27 +163,40 @@ class WorkerProcess:
     def wait(self, deadline: float) -> Any:
         """The worker's next message, or None at the deadline; Gone when the process is gone.
 
-        Bytes are read as they come and framed here, so a metric that writes half a frame (or a header
-        announcing a gigabyte) into the worker's socket cannot make this wait past the deadline.
+        Bytes are read as they come and framed here (multiprocessing.Connection's framing), so bytes a metric
+        writes into its worker's socket (half a frame, a header announcing a gigabyte) cannot make this wait past
+        the deadline: the sandbox runs hostile code on this same path.
         """
         conn_fd = self.conn.fileno()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
                 return None
-            message = self._message()
-            if message is not _NO_MESSAGE:
-                return message
+            if len(self._received) >= 4:
+                size = struct.unpack("!i", self._received[:4])[0]
+                if not 0 <= size <= wire.MAX_MESSAGE:
+                    raise Gone  # no worker of ours sends this
+                if len(self._received) >= 4 + size:
+                    data = bytes(self._received[4:4 + size])
+                    del self._received[:4 + size]
+                    try:
+                        return wire.from_worker(data)
+                    except Exception:  # not plain data: no worker of ours sends that
+                        raise Gone from None
             if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
                 remaining = min(remaining, 0.25)
                 if self.proc.poll() is not None and not self.conn.poll(0):
                     raise Gone
             events = self._poller.poll(math.ceil(remaining * 1000))
+            if any(fd == self.output.fd for fd, _ in events):
+                if not self.output.read():  # every writer closed it: it has nothing more to say
+                    self._poller.unregister(self.output.fd)
+                events = [event for event in events if event[0] != self.output.fd]
             if not events:
                 continue
-            if any(fd == conn_fd for fd, _ in events) or self.conn.poll(0):
+            if any(fd == conn_fd for fd, _ in events):
                 try:
-                    chunk = os.read(conn_fd, _READ_SIZE)
+                    chunk = os.read(conn_fd, 1 << 16)
                 except OSError:
                     raise Gone from None
                 if not chunk:
@@ -190,55 +205,13 @@ class WorkerProcess:
                 continue
             raise Gone  # only the pidfd is readable: the process exited
 
-    def _message(self) -> Any:
-        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE."""
-        buffer = self._received
-        if len(buffer) < 4:
-            return _NO_MESSAGE
-        size, start = struct.unpack("!i", buffer[:4])[0], 4
-        if size == -1:  # a message over 2 GiB announces its size in 8 more bytes
-            if len(buffer) < 12:
-                return _NO_MESSAGE
-            size, start = struct.unpack("!Q", buffer[4:12])[0], 12
-        if not 0 <= size <= wire.MAX_MESSAGE:
-            raise Gone  # no worker of ours sends this: the metric wrote it
-        if len(buffer) < start + size:
-            return _NO_MESSAGE
-        data = bytes(buffer[start:start + size])
-        del buffer[:start + size]
-        try:
-            return wire.from_worker(data)
-        except Exception:  # a reply that is not plain data: the worker is not to be trusted
-            raise Gone from None
-
     def healthy(self) -> bool:
-        """Whether an idle worker can take a call: running (not exited, not stopped), and silent since its
-        last reply.
-
-        What a call left behind may have stopped it, killed it, or written to its socket (an alarm, a
-        timer, a thread still calling llm()): such a worker is replaced, not given the call.
-        """
-        if self._received or self._poller.poll(0):  # bytes on the socket, or the pidfd says it exited
-            return False
-        try:  # stopped? One syscall that leaves the state to be collected (WNOWAIT); a signal would wake it
-            changed = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # already reaped
-            return False
-        except AttributeError:  # no waitid (not Linux or macOS): exit only
-            return self.proc.poll() is None
-        return changed is None and not (self._inner is not None and _stopped(self._inner))
+        """Whether an idle worker can take a call: not exited, and silent on its socket since its last reply."""
+        return not self._received and all(fd == self.output.fd for fd, _ in self._poller.poll(0))
 
     def kill(self) -> None:
-        """Kill the worker and everything it started, and reap it (no zombie is left).
-
-        The worker is stopped first, so it starts nothing more; then what left its process group (setsid)
-        is found in its tree or by its mark (tree.py), and killed with the group.
-        """
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-            except OSError:
-                pass
+        """Kill the worker and everything it started, and reap it (no zombie is left): what left its process group
+        (setsid) is found in its tree or by its mark (tree.py), and killed with the group."""
         tree.kill_descendants(self.pid, self.token)
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -260,12 +233,7 @@ class WorkerProcess:
             pass
         self.kill()
 
-    def _release_dumpable(self) -> None:
-        if self._dumpable is not None:
-            self._dumpable.release()
-
     def _close(self) -> None:
-        self._release_dumpable()
         with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
             try:
                 self.conn.close()
@@ -273,11 +241,10 @@ class WorkerProcess:
                 pass
             # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
             pidfd, self._pidfd = self._pidfd, None
-        if pidfd is not None:
-            try:
-                os.close(pidfd)
-            except OSError:
-                pass
+            output, self.output.fd = self.output.fd, -1
+        for fd in (pidfd, output):
+            if fd is not None and fd >= 0:
+                os.close(fd)
 
 
 def set_send_timeout(sock: socket.socket, seconds: float) -> None:
@@ -314,16 +281,6 @@ def _innermost(pid: int) -> int | None:
     return leaves[0] if len(leaves) == 1 else None
 
 
-def _stopped(pid: int) -> bool:
-    """Whether `pid` is stopped (SIGSTOP, a tracer) or gone, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            state = file.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in (b"T", b"t", b"Z", b"X")
-
-
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)  # readable once the process exits: no polling for its death
@@ -331,12 +288,91 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def output_stream() -> int | None:
-    """Where a worker's prints go: the user's stderr (never stdout, which may carry a report)."""
+class Output:
+    """What a worker writes to stdout and stderr (one pipe, read here): the first KEEP bytes of a call are kept, the
+    rest only counted, so a flood never reaches the user's terminal nor fills memory."""
+
+    KEEP = 4096
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.kept = bytearray()
+        self.total = 0
+
+    def read(self) -> bool:
+        """Read what the pipe holds now (it never blocks); False once every writer has closed it."""
+        for _ in range(64):  # bounded: a process the metric started may write without end
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.total += len(chunk)
+            if len(self.kept) < self.KEEP:
+                self.kept += chunk[:self.KEEP - len(self.kept)]
+        return True
+
+    def take(self) -> str | None:
+        """The text read since the last take, or None when there was none. The worker writes out what score
+        printed before it replies, so by the reply, the poll that saw it has seen the output too (wait)."""
+        if not self.total:
+            return None
+        text = self.kept.decode("utf-8", "replace")
+        if self.total > len(self.kept):
+            text += f"\n[... {self.total - len(self.kept):,} more bytes of output not kept]"
+        self.kept, self.total = bytearray(), 0
+        return text
+
+
+def output_pipe() -> tuple[int, int]:
+    """A pipe for a worker's stdout and stderr: its read end (never blocking) and its write end."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(read, False)
+    return read, write
+
+
+_T = TypeVar("_T")
+_spawner: tuple[int, queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]] | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn(start: Callable[[], _T]) -> _T:
+    """`start()` (it starts a process) on one thread that lives as long as this process.
+
+    The kernel's parent-death signal (PR_SET_PDEATHSIG, which every template and worker asks for: see
+    worker.prepare) fires when the *thread* that started the process ends, and a calling thread (DSPy's) may
+    end any time.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a fork of this process inherited it
+            _spawner = (os.getpid(), queue.SimpleQueue())
+            threading.Thread(target=_serve_spawns, args=(_spawner[1],), name="skynet-spawner", daemon=True).start()
+        requests = _spawner[1]
+    done: Future[_T] = Future()
+    requests.put((start, done))
     try:
-        return sys.__stderr__.fileno() if sys.__stderr__ is not None else None
-    except (AttributeError, OSError, ValueError):
-        return None
+        return done.result()
+    except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
+        done.add_done_callback(_kill_started)
+        raise
+
+
+def _kill_started(started: Future[Any]) -> None:
+    if started.exception() is None and isinstance(started.result(), subprocess.Popen):
+        started.result().kill()
+
+
+def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+    while True:
+        start, done = requests.get()
+        try:
+            done.set_result(start())
+        except BaseException as exc:  # noqa: BLE001 - given to the caller, which raises it
+            done.set_exception(exc)
 
 
 def worker_environment() -> dict[str, str]:

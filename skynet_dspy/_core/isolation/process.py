@@ -13,12 +13,10 @@ way never a fork of the user's process (DSPy's and LiteLLM's threads), and the u
 re-run (multiprocessing's spawn and forkserver re-import the main module in every worker). A call waits for
 whichever worker is ready first, and that wait is not charged to its timeout.
 
-Measured against pebble's ProcessPool on the same machine
-(`make bench`, row 6b, benchmarks/isolation.py): pebble's round trip of a trivial function alone takes
-1.3-1.5x this module's whole call (97 vs 65 µs median, 138 vs 103 on a busier machine); its shared task
-channel would also let a process forked inside score take tasks. So this module manages its processes
-itself, in the simplest way that keeps those promises: handle.py is one worker process, source.py how a
-worker finds the metric, worker.py the worker's own loop.
+pebble's ProcessPool round trip of a trivial function alone takes about as long as this module's whole call
+(`make bench`, row 6b), and its shared task channel would let a process forked inside score take tasks: so
+this module manages its processes itself. handle.py is one worker process, source.py how a worker finds the
+metric, worker.py the worker's own loop.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..call import CallRequest
@@ -62,10 +60,6 @@ _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to s
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
 _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
 _fallbacks_logged: set[tuple[str, ...]] = set()
-
-
-class _Tampered(Exception):
-    """The worker answered an earlier call a second time: a reply was forged, so the last one may have been."""
 
 
 class ProcessExecutor:
@@ -113,6 +107,7 @@ class ProcessExecutor:
         self._start_error: BaseException | None = None
         self._start_failed_at = -math.inf
         self._closed = False
+        self._output_logged = False
         self._call_ids = itertools.count(1)
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
@@ -150,8 +145,8 @@ class ProcessExecutor:
         except BaseException:
             self._drop_helper(template)
             raise
-        if template.threads:
-            _log_fallback(template.threads)
+        if template.unsafe:
+            _log_fallback(template.unsafe)
             self._drop_helper(template)
             self.start_mode = "fresh"
         else:
@@ -211,6 +206,9 @@ class ProcessExecutor:
                     "module-level code so the file imports cleanly"
                 ) from None
             worker.info = self._loaded_info(reply)
+            printed = worker.output.take()  # what its import printed: not its first call's
+            if printed:
+                logger.debug("skynet-dspy: importing the metric in a worker process printed:\n%s", printed)
         except BaseException:
             worker.kill()
             raise
@@ -305,9 +303,8 @@ class ProcessExecutor:
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
         """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks).
 
-        A worker an earlier call spoiled without it showing (it shut or wrote into its own socket, or stopped
-        itself as the call arrived) cannot take the call, or answers an earlier call again: it is replaced and
-        the call runs once more, on a new worker. score runs at most once for the call either way.
+        A worker that could not take the call (it was gone before it had the call), or died with its template
+        (killed from outside), is replaced and the call runs once more, on a new worker.
         """
         outcome = self._run_once(request, llm)
         if outcome is None:
@@ -315,16 +312,16 @@ class ProcessExecutor:
         if outcome is None:
             return Outcome(
                 failure=Failure.CRASHED,
-                detail="two metric worker processes in a row could not take the call or answered an earlier call "
-                "again (score shut, stopped or wrote into its worker's socket); both were replaced",
+                detail="two metric worker processes in a row could not take the call (score shut or stopped them, "
+                "or their template was killed); both were replaced",
             )
         return outcome
 
     def _run_once(self, request: CallRequest, llm: LLMHandler | None) -> Outcome | None:
-        """One attempt at the call; None when the worker turned out to have been spoiled (see run)."""
+        """One attempt at the call; None when the worker was gone through no fault of this call (see run)."""
         try:
             worker = self._acquire()
-            while worker.used and not worker.healthy():  # what an earlier call left behind broke it
+            while not worker.healthy():  # it exited (an earlier call, its template killed) or spoke out of turn
                 self._discard(worker)
                 worker = self._acquire()
         except (MetricLoadError, FileNotFoundError) as exc:  # starting a worker is never the call's failure
@@ -347,7 +344,6 @@ class ProcessExecutor:
                 detail=f"the values to score cannot be sent to the metric's worker process ({exception_text(exc)}); "
                 "give plain values (to_output=...), or use isolation='thread'",
             )
-        worker.used = True
         try:
             worker.send(data)
         except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
@@ -358,16 +354,15 @@ class ProcessExecutor:
             raise
         try:
             outcome, keep = self._await(worker, call_id, llm)
-        except _Tampered:
-            self._discard(worker)
-            return None
         except Gone:
             self._discard(worker)
-            return Outcome(
+            if isinstance(worker, ForkedWorker) and worker.returncode is None and not worker.template.alive:
+                return None  # it died with its template, killed from outside: not the metric's doing
+            return self._with_output(worker, Outcome(
                 failure=Failure.CRASHED,
                 detail=f"the metric's worker process {exit_text(worker.returncode)} during the call "
                 "(sys.exit, os._exit, a crash or a signal in score); a new worker takes the next call",
-            )
+            ))
         except OSError:
             self._discard(worker)
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker process closed its connection")
@@ -380,11 +375,27 @@ class ProcessExecutor:
         except BaseException:  # a Ctrl-C in the user's process: it propagates, and no worker is lost to the pool
             self._discard(worker)
             raise
+        outcome = self._with_output(worker, outcome)
         if keep and not self._retire(worker):
             self._release(worker)
         else:
             self._discard(worker)
         return outcome
+
+    def _with_output(self, worker: WorkerProcess, outcome: Outcome) -> Outcome:
+        """The outcome with what score wrote to stdout and stderr during the call (bounded), logged as well."""
+        output = worker.output.take()
+        if output is None:
+            return outcome
+        if not self._output_logged:
+            self._output_logged = True
+            logger.warning("skynet-dspy: %s wrote to stdout/stderr during a call (shown once here; each call's "
+                           "first 4 kB are kept in its result's `output`, and logged at DEBUG level):\n%s",
+                           self.info.label, output)
+        else:
+            logger.debug("skynet-dspy: %s wrote during a call:\n%s", self.info.label, output)
+        result = None if outcome.result is None else replace(outcome.result, output=output)
+        return replace(outcome, result=result, output=output)
 
     def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
@@ -428,8 +439,6 @@ class ProcessExecutor:
             elif kind == "outcome" and message.get("call") == call_id:
                 outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
-            elif kind == "outcome" and isinstance(message.get("call"), int) and message["call"] < call_id:
-                raise _Tampered
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
@@ -508,17 +517,20 @@ def _start_mode(start: str | None) -> str:
     return mode if mode == "fresh" or template_supported() else "fresh"
 
 
-def _log_fallback(threads: list[str]) -> None:
-    """Say once why workers start as fresh interpreters: the metric's import left threads running."""
-    key = tuple(sorted(threads))
+def _log_fallback(unsafe: list[str]) -> None:
+    """Say once why workers start as fresh interpreters: the metric's import left threads running, or sockets,
+    pipes or event descriptors open."""
+    key = tuple(sorted(unsafe))
     if key in _fallbacks_logged:
         return
     _fallbacks_logged.add(key)
     logger.warning(
-        "skynet-dspy: importing the metric started %s (%s); a process with threads cannot be forked safely, so "
-        "each worker process imports the metric itself (slower to start, and no memory shared). If a native "
-        "library started them, capping its threads (e.g. OMP_NUM_THREADS=1, the default) may avoid this.",
-        "a thread" if len(threads) == 1 else f"{len(threads)} threads", ", ".join(threads[:5]),
+        "skynet-dspy: importing the metric left %s; a process with threads cannot be forked safely, and forked "
+        "workers would share one connection (one worker reading another's replies), so each worker process "
+        "imports the metric itself (slower to start, and no memory shared). Open connections inside score (or "
+        "lazily, once per process) to avoid this; for threads a native library started, capping them "
+        "(e.g. OMP_NUM_THREADS=1, the default) may avoid it.",
+        ", ".join(unsafe[:5]) + (f" and {len(unsafe) - 5} more" if len(unsafe) > 5 else ""),
     )
 
 

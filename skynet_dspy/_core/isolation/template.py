@@ -6,25 +6,29 @@ DSPy and LiteLLM threads make fork unsafe, and whose script must not run again):
 
     user's process                            template (python -P, DSPy-free)        worker (forked)
     ──────────────                            ───────────────────────────────        ───────────────
-    Template()      ──── Popen ─────────────▶ watches the user's process (pidfd)
+    Template()      ──── Popen (spawner) ───▶ PR_SET_PDEATHSIG; forks its reaper
     load(spec)      ──── "load" ────────────▶ imports the metric, under the timeout
-                    ◀─── info, threads ─────  gc.freeze(): shared pages stay shared
-    ForkedWorker()  ──── "fork" + one end ──▶ os.fork() ───────────────────────────▶ setsid, PR_SET_PDEATHSIG,
-                         of a socketpair                                             the worker's main loop
+                    ◀─── info, threads, fds ─ gc.freeze(): shared pages stay shared
+    ForkedWorker()  ──── "fork" + its socket ▶ os.fork() ──────────────────────────▶ setsid, PR_SET_PDEATHSIG,
+                         and output pipe                                             the worker's main loop
                          (SCM_RIGHTS)                                                on that socket
                     ◀─── pid ───────────────
                     ◀═══════════ calls, llm() requests, outcomes: the worker's own socket ═══════════▶
     kill(): SIGKILL by pid (a pidfd tells it exited)
                     ──── "reap" pid ────────▶ waitpid (it is the worker's parent)
                     ◀─── exit status ───────
-    (user's process dies)                     pidfd readable: kills every process     PDEATHSIG: dies with
-                                              with the pool's mark, and exits         the template
 
-The template never runs score, so its single thread is never starved of the GIL by a metric, and it reaps
-a worker only when the user's process asks (so a pid the user's process kills is never reused meanwhile).
-A template that has more than one thread after importing the metric cannot be forked safely: the pool then
-starts fresh interpreters instead (handle.WorkerProcess), and a template that loads nothing stays as the
-pool's warden (its watch on the user's process). Messages are framed like multiprocessing.Connection's.
+The kernel ends the template with the user's process (its parent-death signal, even when it is stopped or
+stuck) and every worker with the template. The reaper, forked before the metric is imported, waits for the
+user's process to end and then kills every process carrying the pool's mark (tree.py): what the workers
+started, wherever it moved. The template never runs score, and reaps a worker only when the
+user's process asks (so a pid the user's process kills is never reused meanwhile).
+
+A template that cannot be forked safely after importing the metric (threads running, or sockets, pipes or
+event descriptors open, which every worker would share: one connection answering every worker's calls) makes
+the pool start fresh interpreters instead (handle.WorkerProcess), and stays as the pool's warden (its reaper).
+Fork hooks the metric registers (os.register_at_fork) never run in the template: the ones for a child run in
+each worker, bounded in time.
 """
 
 from __future__ import annotations
@@ -35,30 +39,37 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
+import tempfile
 import threading
-import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import WorkerError
-from . import dumpable, tree, wire
+from ..logs import logger
+from . import tree, wire
 from .handle import (
     BOOT_CODE,
+    PARENT_VARIABLE,
     STARTUP_TIMEOUT,
     Gone,
+    Output,
     WorkerProcess,
-    output_stream,
+    output_pipe,
     set_send_timeout,
+    spawn,
     worker_environment,
 )
 
 # Taken before the metric loads, which may replace what the os module holds.
 _getpid, _getppid, _fork_process, _setsid, _close, _exit = os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit
+_dup2 = os.dup2
 _TEMPLATE_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.template import main; main()"
-_PR_SET_PDEATHSIG = 1
 _REQUEST_TIMEOUT = 10.0  # seconds the template may take to fork or reap (it runs no metric code)
+_HOOK_TIMEOUT = 5.0  # seconds a worker waits for the metric's fork hooks before it serves calls anyway
+_child_hooks: list[Callable[[], object]] = []  # the metric's os.register_at_fork(after_in_child=...) hooks
 
 
 def supported() -> bool:
@@ -74,58 +85,57 @@ class Template:
 
     def __init__(self, pool_token: str) -> None:
         ours, theirs = socket.socketpair()
-        self._dumpable = dumpable.Hold()  # it imports the metric and forks workers: they cannot read our memory
+        self._output = tempfile.TemporaryFile()  # what the import prints, logged once (bounded), never shown raw
+        env = {**worker_environment(), tree.MARK: pool_token, PARENT_VARIABLE: str(os.getpid())}
         try:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(lambda: subprocess.Popen(
                 [sys.executable, "-P", "-c", _TEMPLATE_CODE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
-                env={**worker_environment(), tree.MARK: pool_token},
+                env=env,
                 cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL,
-                stdout=output_stream(),
-                stderr=output_stream(),
+                stdout=self._output,
+                stderr=self._output,
                 start_new_session=True,
-            )
+            ))
         except OSError as exc:
             ours.close()
-            self._dumpable.release()
             raise WorkerError(f"could not start the metric's template process ({sys.executable}): {exc}") from None
         finally:
             theirs.close()
         self.pid = self.proc.pid
-        self._sock = ours
+        # messages framed as multiprocessing.Connection's; descriptors for a worker go beside them on the socket
+        self._sock, self._conn = ours, Connection(os.dup(ours.fileno()))
         self._lock = threading.Lock()
-        self.threads: list[str] = []  # threads the metric's import left running (the template is then unsafe)
+        self.unsafe: list[str] = []  # why forking it is unsafe after the import (threads, open descriptors)
         try:  # its interpreter has started: what follows (the metric's import) is timed from here
-            ready = _receive(ours, time.monotonic() + STARTUP_TIMEOUT)
-        except (OSError, ValueError):
+            ready = self._conn.poll(STARTUP_TIMEOUT) and self._conn.recv_bytes()
+        except (OSError, EOFError):
             ready = None
-        if ready is None:
+        if not ready:
             self.kill()
-            ours.close()
-            raise WorkerError(
-                f"the metric's template process did not start ({sys.executable}; its error output, if any, is above)"
-            )
+            self._close()
+            raise WorkerError(f"the metric's template process did not start ({sys.executable}): {self.printed()}")
 
-    def request(self, message: dict[str, Any], seconds: float, fd: int | None = None) -> dict[str, Any] | None:
-        """The template's answer to `message` (with `fd` passed along), None after `seconds` (the template is
+    def request(self, message: dict[str, Any], seconds: float, fds: list[int] | None = None) -> dict[str, Any] | None:
+        """The template's answer to `message` (with `fds` passed along), None after `seconds` (the template is
         then killed: its answer would come out of turn); Gone when it exited. One request at a time."""
         with self._lock:
             if self.proc.poll() is not None:
                 raise Gone
             try:
-                _send(self._sock, wire.to_worker(message), fd)
-                data = _receive(self._sock, time.monotonic() + seconds)
-            except TimeoutError:
-                self.kill()
-                return None
-            except (OSError, ValueError):
+                self._conn.send_bytes(wire.to_worker(message))
+                if fds:
+                    socket.send_fds(self._sock, [b"\0"], fds)
+                if not self._conn.poll(seconds):
+                    self.kill()
+                    return None
+                data = self._conn.recv_bytes(wire.MAX_MESSAGE)
+            except (OSError, EOFError):
                 raise Gone from None
-        if data is None:
-            raise Gone
         try:
             reply = wire.from_worker(data)
-        except Exception:  # not plain data: the template is not to be trusted
+        except Exception:
             raise Gone from None
         if not isinstance(reply, dict):
             raise Gone
@@ -134,9 +144,20 @@ class Template:
     def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float) -> dict[str, Any] | None:
         """Import the metric in the template: its `loaded`/`load_failed` reply, None after `seconds`."""
         reply = self.request({"kind": "load", "spec": spec, "feedback_limit": feedback_limit}, seconds)
-        if reply is not None and isinstance(reply.get("threads"), list):
-            self.threads = [str(name) for name in reply["threads"]]
+        if reply is not None and isinstance(reply.get("unsafe"), list):
+            self.unsafe = [str(why) for why in reply["unsafe"]]
+        printed = self.printed()
+        if printed:
+            logger.info("skynet-dspy: importing the metric printed:\n%s", printed)
         return reply
+
+    def printed(self) -> str | None:
+        """What the template printed so far (its first few kB), None when nothing."""
+        self._output.seek(0)
+        output = Output(self._output.fileno())
+        output.kept += self._output.read(Output.KEEP)
+        output.total = os.fstat(self._output.fileno()).st_size
+        return output.take()
 
     def reap(self, pid: int) -> int | None:
         """Collect a worker that exited (the template is its parent): its exit status as Popen gives it."""
@@ -157,19 +178,23 @@ class Template:
         except OSError:
             pass
         self.proc.wait()
-        self._dumpable.release()
 
     def close(self) -> None:
-        """Stop the template (it kills what is left of the pool first)."""
+        """Stop the template (its reaper then kills what is left of the pool)."""
         if self.alive:
             try:
                 with self._lock:
-                    _send(self._sock, wire.to_worker({"kind": "stop"}), None)
+                    self._conn.send_bytes(wire.to_worker({"kind": "stop"}))
                 self.proc.wait(STARTUP_TIMEOUT / 10)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        self._conn.close()
         self._sock.close()
+        self._output.close()
 
 
 class ForkedWorker(WorkerProcess):
@@ -178,90 +203,51 @@ class ForkedWorker(WorkerProcess):
     def __init__(self, template: Template, send_timeout: float, token: str) -> None:
         ours, theirs = socket.socketpair()
         set_send_timeout(ours, send_timeout)
+        output, written = output_pipe()
         self.token = token
-        self._template = template
+        self.template = template
         self._status: int | None = None
         self._reaped = False
         self._kill_lock = threading.Lock()
         try:
-            reply = template.request(
-                {"kind": "fork", "token": token}, _REQUEST_TIMEOUT, theirs.fileno()
-            )
+            reply = template.request({"kind": "fork", "token": token}, _REQUEST_TIMEOUT, [theirs.fileno(), written])
         except Gone:
             reply = None
         finally:
             theirs.close()
+            os.close(written)
         if not reply or reply.get("kind") != "forked" or not isinstance(reply.get("pid"), int):
             ours.close()
+            os.close(output)
             raise WorkerError("the metric's template process could not fork a worker")
-        self._attach(ours, reply["pid"])
-        # Its state, read before every call (healthy): kept open, it stays this process's whatever reuses the pid,
-        # and a read costs a few µs where opening the file each time took 15 (`make bench` row 9d)
-        try:
-            self._stat: int | None = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._stat = None
+        self._attach(ours, reply["pid"], output)
 
     @property
     def returncode(self) -> int | None:
         return self._status
 
-    def healthy(self) -> bool:
-        if self._received or self._poller.poll(0):  # bytes on the socket, or the pidfd says it exited
-            return False
-        if self._stat is None:
-            return False
-        try:
-            state = os.pread(self._stat, 1024, 0).rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"T", b"t", b"Z", b"X")  # stopped, traced, or exited
-
-    def _close(self) -> None:
-        super()._close()
-        with self.send_lock:  # one closer takes it, as super() does the pidfd
-            stat, self._stat = getattr(self, "_stat", None), None
-        if stat is not None:
-            try:
-                os.close(stat)
-            except OSError:
-                pass
-
     def kill(self) -> None:
         """Kill the worker and what it started (as WorkerProcess.kill), then have the template reap it (once, when
         two threads kill it at the same time)."""
         with self._kill_lock:
-            self._kill()
-
-    def _kill(self) -> None:
-        if self._reaped:
-            return
-        if self._exited(0) and not self._template.alive:
-            # it died with the template and was reaped by init: its pid may be another process's by now, so
-            # only what carries its mark is killed
-            for pid in tree.marked(self.token):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            if self._reaped:
+                return
             self._reaped = True
+            if self._exited(0) and not self.template.alive:
+                # it died with the template and was reaped by init: its pid may be another process's by now, so
+                # only what carries its mark is killed
+                tree.kill_marked(self.token)
+                self._close()
+                return
+            tree.kill_descendants(self.pid, self.token)
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._exited(STARTUP_TIMEOUT / 10)
+            self._status = self.template.reap(self.pid)
             self._close()
-            return
-        if not self._exited(0):
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-            except OSError:
-                pass
-        tree.kill_descendants(self.pid, self.token)
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self._exited(STARTUP_TIMEOUT / 10)
-        self._status = self._template.reap(self.pid)
-        self._reaped = True
-        self._close()
 
     def stop(self) -> None:
         try:
@@ -290,92 +276,140 @@ def main() -> None:
 
     worker.prepare()
     control = socket.socket(fileno=int(sys.argv[1]))
-    parent = _getppid()
-    try:
-        watch: int | None = os.pidfd_open(parent)  # readable once the user's process is gone, however it went
-    except OSError:
-        watch = None
-    poller = select.poll()
-    poller.register(control, select.POLLIN)
-    if watch is not None:
-        poller.register(watch, select.POLLIN)
+    conn = Connection(os.dup(control.fileno()))
+    _start_reaper(os.environ.get(tree.MARK, ""), [control.fileno(), conn.fileno()])
+    os.register_at_fork = _hold_fork_hook  # the metric's hooks: see _hold_fork_hook
     libc = ctypes.CDLL(None, use_errno=True)
-    _send(control, wire.to_parent({"kind": "ready"}), None)
+    conn.send_bytes(wire.to_parent({"kind": "ready"}))
     loaded, feedback_limit = None, 0
     workers: set[int] = set()
-    try:
-        while _getppid() == parent:
-            events = poller.poll(250)
-            if watch is not None and any(fd == watch for fd, _ in events):
-                return
-            if not events:
-                continue
-            data, fds = _receive_request(control)
-            if data is None:
-                return
-            message = wire.from_parent(data)
-            kind = message.get("kind")
-            if kind == "load":
-                feedback_limit = message["feedback_limit"]
-                loaded, reply = worker.load_reply(message)
-                reply["threads"] = _other_threads()
-                gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
-            elif kind == "fork" and fds:
-                try:
-                    pid = _fork(fds[0], message["token"], loaded, feedback_limit, libc, [control.fileno(), watch])
-                except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
-                    _close(fds[0])
-                    reply = {"kind": "error", "message": str(exc)}
-                else:
-                    workers.add(pid)
-                    reply = {"kind": "forked", "pid": pid}
-            elif kind == "reap" and message.get("pid") in workers:
-                workers.discard(message["pid"])
-                reply = {"kind": "reaped", "status": _reap(message["pid"])}
-            elif kind == "stop":
-                return
+    while True:
+        try:
+            message = wire.from_parent(conn.recv_bytes())
+        except (EOFError, OSError):
+            _exit(0)
+        kind = message.get("kind")
+        fds = socket.recv_fds(control, 1, 2)[1] if kind == "fork" else []
+        if kind == "load":
+            feedback_limit = message["feedback_limit"]
+            loaded, reply = worker.load_reply(message)
+            reply["unsafe"] = _other_threads() + _shared_descriptors({control.fileno(), conn.fileno()})
+            gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
+        elif kind == "fork" and len(fds) == 2:
+            try:
+                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, [control.fileno(), conn.fileno()])
+            except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
+                reply = {"kind": "error", "message": str(exc)}
             else:
-                reply = {"kind": "error"}
-            for fd in fds[1:] if kind == "fork" else fds:
-                os.close(fd)
-            _send(control, wire.to_parent(reply), None)
-    finally:
-        # what is left of the pool ends with it: the workers (they would also die of PDEATHSIG) and, found by
-        # the pool's mark, what they started, wherever it moved
-        for pid in workers:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        pool = os.environ.get(tree.MARK)
-        if pool:
-            tree.kill_pool(pool)
-        _exit(0)
+                workers.add(pid)
+                reply = {"kind": "forked", "pid": pid}
+        elif kind == "reap" and message.get("pid") in workers:
+            workers.discard(message["pid"])
+            reply = {"kind": "reaped", "status": _reap(message["pid"])}
+        elif kind == "stop":
+            _exit(0)
+        else:
+            reply = {"kind": "error"}
+        for fd in fds:
+            _close(fd)
+        conn.send_bytes(wire.to_parent(reply))
 
 
-def _fork(fd: int, token: str, loaded: Any, feedback_limit: int, libc: Any, close: list[int | None]) -> int:
-    """Fork a worker that serves `fd` with the metric already loaded; its pid."""
+def _start_reaper(pool: str, control: list[int]) -> None:
+    """Fork the process that kills everything carrying the pool's mark once the user's process is gone (the kernel
+    kills the template and its workers then, but not what the workers started and moved); it exits with the
+    template otherwise."""
+    try:
+        user, template = os.pidfd_open(_getppid()), os.pidfd_open(_getpid())
+    except OSError:
+        return
+    if _fork_process() == 0:
+        try:
+            for fd in control:  # the user's process sees the template's socket close when the template ends
+                _close(fd)
+            select.select([user, template], [], [])
+            if pool and select.select([user], [], [], 0)[0]:
+                tree.kill_marked(pool, pool=True)
+        finally:
+            _exit(0)
+    _close(user)
+    _close(template)
+
+
+def _hold_fork_hook(
+    *, before: Callable[[], object] | None = None, after_in_child: Callable[[], object] | None = None,
+    after_in_parent: Callable[[], object] | None = None,
+) -> None:
+    """os.register_at_fork for the metric's code in the template: a hook for the parent's side would run in the
+    template, which runs no score (one that hangs would hang every start), so it is dropped; one for the child
+    runs in each worker, bounded (_run_child_hooks)."""
+    if after_in_child is None and before is None and after_in_parent is None:
+        raise TypeError("At least one argument is required.")
+    if after_in_child is not None:
+        if not callable(after_in_child):
+            raise TypeError("'after_in_child' must be callable, not " + type(after_in_child).__name__)
+        _child_hooks.append(after_in_child)
+
+
+def _run_child_hooks() -> None:
+    """Run the metric's after_in_child hooks (in reverse order, as Python does) on a thread the worker waits for
+    at most _HOOK_TIMEOUT: one that raises or hangs never stops the worker from serving calls."""
+    if not _child_hooks:
+        return
+
+    def run() -> None:
+        for hook in reversed(_child_hooks):
+            try:
+                hook()
+            except BaseException:  # noqa: BLE001, S110 - as Python's own fork does, a failing hook is passed over
+                pass
+
+    thread = threading.Thread(target=run, name="skynet-fork-hooks", daemon=True)
+    thread.start()
+    thread.join(_HOOK_TIMEOUT)
+
+
+def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: Any, control: list[int]) -> int:
+    """Fork a worker that serves the socket fds[0], writing its output to fds[1], with the metric already loaded."""
     template = _getpid()
     pid = _fork_process()
     if pid:
-        _close(fd)
         return pid
     try:
         _setsid()  # its own process group: killing it kills what it forked
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the kernel kills it when the template ends
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the kernel kills it when the template ends
         if _getppid() != template:  # the template ended before the line above
             _exit(1)
-        for other in close:
-            if other is not None:
-                _close(other)
+        for fd in control:
+            _close(fd)
+        _dup2(fds[1], 1)
+        _dup2(fds[1], 2)
+        _close(fds[1])
         os.environ[tree.MARK] = token  # what it starts carries its own mark (tree.py)
-        sys.argv[1:] = [str(fd)]  # as in a fresh worker: the argument names the worker's socket
+        sys.argv[1:] = [str(fds[0])]  # as in a fresh worker: the argument names the worker's socket
+        _run_child_hooks()
         from . import worker
 
-        worker.run(fd, loaded, feedback_limit)
+        worker.run(fds[0], loaded, feedback_limit)
     finally:
         _exit(1)
+
+
+def _shared_descriptors(ours: set[int]) -> list[str]:
+    """The sockets, pipes and event descriptors the import left open (a client's connection, an event loop):
+    every forked worker would share them, and one worker would read another's replies."""
+    found = []
+    for entry in os.listdir("/proc/self/fd"):
+        fd = int(entry)
+        if fd <= 2 or fd in ours:
+            continue
+        try:
+            target = os.readlink(f"/proc/self/fd/{entry}")
+        except OSError:
+            continue
+        if not target.startswith("/") and "pidfd" not in target:
+            found.append(f"descriptor {fd} ({target})")
+    return found
 
 
 def _reap(pid: int) -> int | None:
@@ -404,50 +438,3 @@ def _other_threads() -> list[str]:
         except OSError:
             names.append("a native thread")
     return names
-
-
-# -- framing: multiprocessing.Connection's (a 4-byte length, then the bytes), a descriptor on the first byte ---
-
-
-def _send(sock: socket.socket, data: bytes, fd: int | None) -> None:
-    framed = struct.pack("!i", len(data)) + data
-    if fd is not None:  # sent with the first byte alone, so a reader gets it with the header
-        socket.send_fds(sock, [framed[:1]], [fd])
-        framed = framed[1:]
-    sock.sendall(framed)
-
-
-def _receive_request(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """The template reads a request (the user's process is trusted here): its bytes and any descriptor."""
-    first, fds, _, _ = socket.recv_fds(sock, 4, 1)
-    if not first:
-        return None, fds
-    rest = _exact(sock, 4 - len(first), None)
-    if rest is None:
-        return None, fds
-    return _exact(sock, struct.unpack("!i", first + rest)[0], None), fds
-
-
-def _receive(sock: socket.socket, deadline: float) -> bytes | None:
-    """The user's process reads the template's reply, bounded in time and size; None when it closed."""
-    header = _exact(sock, 4, deadline)
-    if header is None:
-        return None
-    size = struct.unpack("!i", header)[0]
-    if not 0 <= size <= wire.MAX_MESSAGE:
-        raise ValueError("the template sent what no template of ours sends")
-    return _exact(sock, size, deadline)
-
-
-def _exact(sock: socket.socket, size: int, deadline: float | None) -> bytes | None:
-    data = bytearray()
-    while len(data) < size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
-                raise TimeoutError
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)

@@ -342,7 +342,8 @@ class ThreadExecutor:
         finally:
             scope.end()
         if ran is Ran.DONE:
-            return value
+            outcome: Outcome = value
+            return outcome
         if ran is Ran.TIMED_OUT:
             return Outcome(failure=Failure.TIMEOUT, detail=f"score() did not return within {self.timeout:g} s")
         if ran is Ran.OVERLOADED:

@@ -82,9 +82,9 @@ def marked(token: str, pool: bool = False) -> list[int]:
     return found
 
 
-def kill_pool(token: str) -> None:
-    """SIGKILL every process carrying the mark of the pool `token` names, or of one of its workers."""
-    _kill_until_none(lambda: set(marked(token, pool=True)))
+def kill_marked(token: str, pool: bool = False) -> None:
+    """SIGKILL every process carrying the mark `token` (with `pool`, of the pool it names or one of its workers)."""
+    _kill_until_none(lambda: set(marked(token, pool)))
 
 
 def kill_descendants(pid: int, token: str | None = None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+from dataclasses import replace
 from typing import Any
 
 from ..types import Failure, MetricInfo, Outcome, Result
@@ -22,9 +23,7 @@ MAX_DEPTH = 20
 MAX_ITEMS = 100_000  # values in one message (containers and scalars alike); past it a container is cut with a note
 MAX_CHARS = 16_000_000  # characters of str and bytes values in one message; past it a text is cut with a note
 MAX_REPR = 10_000
-# Bytes of one message from a worker. A worker's own messages stay well below it (the bounds above); a
-# longer one was written by a metric into the worker's socket, and the worker is not to be trusted.
-MAX_MESSAGE = 64 * 2**20
+MAX_MESSAGE = 64 * 2**20  # bytes of one message from a worker: its own stay well below it (the bounds above)
 CUT_KEY = "[not sent]"  # the key a dict cut short by MAX_ITEMS holds, saying how many items were left out
 _SCALARS = (type(None), bool, int, float, str, bytes)
 
@@ -33,7 +32,8 @@ def to_worker(message: Any) -> bytes:
     """A message for a worker; user values are pickled by value where pickle would need the user's script."""
     import cloudpickle
 
-    return cloudpickle.dumps(message, protocol=PROTOCOL)
+    data: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
+    return data
 
 
 def to_parent(message: Any) -> bytes:
@@ -166,6 +166,7 @@ def outcome_to_plain(outcome: Outcome) -> dict[str, Any]:
         "error_type": outcome.error_type,
         "judge_problem": None if outcome.judge_problem is None else str(outcome.judge_problem),
         "judge_detail": outcome.judge_detail,
+        "output": outcome.output,
     }
 
 
@@ -201,6 +202,9 @@ def outcome_from_plain(data: Any) -> Outcome:
         except Exception:  # noqa: BLE001 - e.g. OverflowError from float() of a huge int a metric wrote itself
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent a malformed result")
     failure = _failure(data.get("failure"))
+    output = _text(data.get("output"))
+    if result is not None and output is not None:
+        result = replace(result, output=output)
     if result is None and failure is None:
         return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent neither a result nor a failure")
     return Outcome(
@@ -211,6 +215,7 @@ def outcome_from_plain(data: Any) -> Outcome:
         error_type=_name(data.get("error_type"), _TYPE_NAME),
         judge_problem=_failure(data.get("judge_problem")),
         judge_detail=_text(data.get("judge_detail")),
+        output=output,
     )
 
 

@@ -2,21 +2,21 @@
 
 Started by handle.py as `python -P -c "...; from skynet_dspy._core.isolation.worker import main; main()" FD`,
 or forked from the template with the metric loaded (template.py, then `run`), with a credential-free
-environment, in a session of its own. It imports the DSPy-free core, the metric
-and what the metric imports: never dspy or litellm. Everything the metric returns is validated here and
-only plain values go back (wire.py). llm() is sent to the user's process, which holds the judge and its
-keys. A fork inside score is caught: the child exits the moment it is back in this module, and the
-worker reports the call as failed and retires.
+environment, in a session of its own, its stdout and stderr a pipe the user's process reads (handle.Output).
+It imports the DSPy-free core, the metric and what the metric imports: never dspy or litellm. Everything the
+metric returns is validated here and only plain values go back (wire.py). llm() is sent to the user's
+process, which holds the judge and its keys. A fork inside score is caught: the child exits the moment it
+is back in this module, and the worker reports the call as failed and retires.
 """
 
 from __future__ import annotations
 
+import ctypes
 import linecache
 import os
 import signal
 import sys
 import threading
-import time
 import types
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,12 +27,12 @@ from ..loading import LoadedMetric, load, register_skynet
 from ..types import Failure, Item, Observation, Outcome
 from ..values import exception_text
 from . import tree, wire
-
-_PARENT_CHECK = 0.5  # seconds between checks that the user's process is still there
+from .handle import PARENT_VARIABLE
 
 _worker_pid = os.getpid()
-# Taken before the metric loads, which may replace what the os and time modules hold.
-_getppid, _exit, _sleep = os.getppid, os._exit, time.sleep
+# Taken before the metric loads, which may replace what the os module holds.
+_exit = os._exit
+_libc = ctypes.CDLL(None)
 _forked = False  # score called os.fork() during the call in progress
 
 
@@ -49,7 +49,7 @@ class _ParentLLM:
         self._send_lock = send_lock
         self._cond = threading.Condition()
         self._reading = False
-        self._replies: dict[int, Any] = {}
+        self._replies: dict[int, dict[str, Any]] = {}
         self._next = 0
         self._in_flight = 0  # requests sent and not yet answered
         self.call_id = 0  # the call in progress; 0 between calls
@@ -76,7 +76,7 @@ class _ParentLLM:
             with self._cond:
                 self._in_flight -= 1
         if "text" in reply:
-            return reply["text"]
+            return str(reply["text"])
         error = reply["error"]
         raise judge_error(Failure(error["failure"]), error["message"], error["status"], error["refused"])
 
@@ -98,7 +98,7 @@ class _ParentLLM:
                     return self._replies.pop(request_id)
                 self._reading = True
             try:
-                message = wire.from_worker(self._conn.recv_bytes())
+                message: dict[str, Any] = wire.from_worker(self._conn.recv_bytes())
             finally:
                 with self._cond:
                     self._reading = False
@@ -108,17 +108,6 @@ class _ParentLLM:
             with self._cond:
                 self._replies[message["request"]] = message
                 self._cond.notify_all()
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit when the user's process is gone (it could not stop us itself, e.g. it was killed)."""
-    while True:
-        _sleep(_PARENT_CHECK)
-        if _getppid() != parent:
-            try:
-                tree.kill_descendants(_worker_pid, os.environ.get(tree.MARK))  # what the metric started goes too
-            finally:
-                _exit(1)
 
 
 def _load(spec: dict[str, Any]) -> LoadedMetric:
@@ -215,6 +204,7 @@ def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit:
                      "retire": _forked or stragglers}
         else:
             reply = {"kind": "error", "message": f"the worker got {kind!r} before a metric was loaded"}
+        _flush()
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
@@ -233,8 +223,23 @@ def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit:
             return  # retire after a fork: the user's process stops this worker and its children
 
 
+def _flush() -> None:
+    """Write out what score printed and is still buffered (Python's streams, C's stdio): it belongs to its call."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a stream the metric closed or replaced
+            pass
+    _libc.fflush(None)
+
+
 def prepare() -> None:
     """What a process that will run score sets up before the metric is imported (a worker, or the template)."""
+    parent = os.environ.pop(PARENT_VARIABLE, None)
+    if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
+        _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG, even when stopped or stuck
+        if os.getppid() != int(parent):  # it was already gone
+            _exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
     os.register_at_fork(after_in_parent=_after_fork_in_parent)
     register_skynet()
@@ -252,7 +257,6 @@ def run(fd: int, loaded: LoadedMetric | None = None, feedback_limit: int = 0) ->
     global _worker_pid
     _worker_pid = os.getpid()
     conn = Connection(fd)
-    threading.Thread(target=_watch_parent, args=(_getppid(),), name="skynet-parent-watch", daemon=True).start()
     conn.send_bytes(wire.to_parent({"kind": "ready", "pid": os.getpid()}))
     try:
         _serve(conn, loaded, feedback_limit)

@@ -1,5 +1,5 @@
 """sandbox.py: the clear errors of sandbox=True, the bubblewrap command line, its memory limit, a user that is not
-root; and dumpable.py (the user's process is not dumpable while workers live)."""
+root."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from support import write_metric
 import skynet_dspy
 from skynet_dspy import WorkerError
 from skynet_dspy._core.call import CallRequest
-from skynet_dspy._core.isolation import dumpable
 from skynet_dspy._core.isolation.process import ProcessExecutor
 from skynet_dspy._core.isolation.sandbox import Sandbox
 
@@ -105,35 +104,6 @@ def test_the_same_sandbox_starts_for_a_user_that_is_not_root():
                            NOT_ROOT], env={"PATH": os.environ["PATH"], "PYTHONPATH": package}, capture_output=True,
                           text=True, timeout=60, cwd="/")
     assert done.returncode == 0 and done.stdout.split() == ["65534", "2"], done.stderr[-800:]
-
-
-DUMPABLE = """
-import os, sys
-import skynet_dspy
-from skynet_dspy._core.isolation import dumpable
-seen = [dumpable.dumpable()]
-metric = skynet_dspy.load_metric(sys.argv[1])
-seen.append(dumpable.dumpable())
-seen.append(metric.score({}, "x").score == 1.0)
-pid = os.fork()  # a fork of the user's process owns no worker: it starts dumpable
-if pid == 0:
-    os._exit(0 if dumpable.dumpable() else 1)
-seen.append(os.waitpid(pid, 0)[1] == 0)
-metric.close()
-seen.append(dumpable.dumpable())
-print(seen)
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
-@pytest.mark.parametrize("keep", [False, True])
-def test_the_users_process_is_not_dumpable_only_while_workers_live(tmp_path, keep):
-    env = {key: value for key, value in os.environ.items() if key != dumpable.KEEP}
-    if keep:
-        env[dumpable.KEEP] = "1"  # the way out, to attach a profiler by pid
-    done = subprocess.run([sys.executable, "-c", DUMPABLE, str(write_metric(tmp_path, OK))], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == str([True, keep, True, True, True]), done.stderr[-800:]
 
 
 def test_a_sandboxed_worker_started_on_a_thread_that_ends_lives_on(tmp_path):

@@ -48,6 +48,7 @@ from .handle import (
     BOOT_CODE,
     STARTUP_TIMEOUT,
     Gone,
+    Launcher,
     WorkerProcess,
     output_stream,
     set_send_timeout,
@@ -72,11 +73,13 @@ def supported() -> bool:
 class Template:
     """The template process, seen from the user's process: load the metric once, fork workers, reap them."""
 
-    def __init__(self, pool_token: str) -> None:
+    def __init__(self, pool_token: str, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
         self._dumpable = dumpable.Hold()  # it imports the metric and forks workers: they cannot read our memory
+        # a launcher (sandbox.py) starts it inside bubblewrap: its workers are forked in there, in its PID namespace
+        self.launcher = launcher
         try:
-            self.proc = subprocess.Popen(
+            self.proc = (launcher.start if launcher is not None else subprocess.Popen)(
                 [sys.executable, "-P", "-c", _TEMPLATE_CODE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env={**worker_environment(), tree.MARK: pool_token},
@@ -130,6 +133,21 @@ class Template:
         if not isinstance(reply, dict):
             raise Gone
         return reply
+
+    def outer_pid(self, pid: int) -> int | None:
+        """The pid, as this process sees it, of the template's child `pid` (a pid of the sandbox's PID namespace
+        when a launcher started it; found in /proc by the NSpid line of the processes below the template)."""
+        if self.launcher is None:
+            return pid
+        for below in tree.descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{below}/status", "rb") as file:
+                    line = next((line for line in file if line.startswith(b"NSpid:")), b"")
+            except OSError:
+                continue
+            if line.split()[-1:] == [str(pid).encode()]:
+                return below
+        return None
 
     def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float) -> dict[str, Any] | None:
         """Import the metric in the template: its `loaded`/`load_failed` reply, None after `seconds`."""
@@ -191,10 +209,12 @@ class ForkedWorker(WorkerProcess):
             reply = None
         finally:
             theirs.close()
-        if not reply or reply.get("kind") != "forked" or not isinstance(reply.get("pid"), int):
+        outer = template.outer_pid(reply["pid"]) if reply and isinstance(reply.get("pid"), int) else None
+        if not reply or reply.get("kind") != "forked" or outer is None:
             ours.close()
             raise WorkerError("the metric's template process could not fork a worker")
-        self._attach(ours, reply["pid"])
+        self._inner_pid = reply["pid"]  # the template's name for it (another one inside a sandbox)
+        self._attach(ours, outer)
         # Its state, read before every call (healthy): kept open, it stays this process's whatever reuses the pid,
         # and a read costs a few µs where opening the file each time took 15 (`make bench` row 9d)
         try:
@@ -259,7 +279,7 @@ class ForkedWorker(WorkerProcess):
             except (ProcessLookupError, PermissionError):
                 pass
         self._exited(STARTUP_TIMEOUT / 10)
-        self._status = self._template.reap(self.pid)
+        self._status = self._template.reap(self._inner_pid)
         self._reaped = True
         self._close()
 

@@ -15,18 +15,21 @@ unsandboxed run: `Sandbox.check()` starts one real sandbox at load_metric().
 from __future__ import annotations
 
 import os
+import platform
+import pwd
 import shutil
 import site
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import WorkerError
+from . import seccomp
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; Arch: "
@@ -54,6 +57,7 @@ _LIMIT_CODE = (
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
 
+_T = TypeVar("_T")
 _checked: set[tuple[str, ...]] = set()  # command lines that started a trial sandbox in this process
 _check_lock = threading.Lock()
 
@@ -74,11 +78,20 @@ class Sandbox:
 
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
         """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
-        wrapped, env, cwd = self.wrap(argv, env, cwd)
-        return _spawner().run(lambda: subprocess.Popen(wrapped, env=env, cwd=cwd, **popen))
 
-    def wrap(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]:
-        """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through."""
+        def start() -> subprocess.Popen[bytes]:
+            with seccomp.program() as rules:  # read by bwrap as it starts
+                wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
+                pass_fds = (*popen.pop("pass_fds", ()), rules)
+                return subprocess.Popen(wrapped, env=inside_env, cwd=inside_cwd, pass_fds=pass_fds, **popen)
+
+        return _spawner().run(start)
+
+    def wrap(
+        self, argv: Sequence[str], env: dict[str, str], cwd: str, rules: int | None = None
+    ) -> tuple[list[str], dict[str, str], str]:
+        """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through.
+        `rules`: a descriptor to read the seccomp program from (seccomp.program()), passed to Popen too."""
         bwrap = self.bwrap or find_bwrap()
         env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
         readable = _readable(self.read_only)
@@ -86,7 +99,8 @@ class Sandbox:
         command = list(argv)
         if self.max_memory is not None:
             command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
-        return [bwrap, *self.options(readable), "--chdir", inside_cwd, "--", *command], env, "/"
+        filters = ["--seccomp", str(rules)] if rules is not None else []
+        return [bwrap, *self.options(readable), *filters, "--chdir", inside_cwd, "--", *command], env, "/"
 
     def options(self, readable: Sequence[str] | None = None) -> list[str]:
         """bwrap's options, everything but the command."""
@@ -96,7 +110,9 @@ class Sandbox:
         ]
         if not self.network:
             args.append("--unshare-net")
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        # bwrap leaves /proc/sys writable (it skips what access() calls read-only, and the folder is): kernel.*
+        # sysctls check the global uid, so a root user's sandbox could set kernel.core_pattern without it
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in _SYSTEM:
             if os.path.islink(path):  # /lib -> usr/lib on a merged-/usr system: the same link inside
                 args += ["--symlink", os.readlink(path), path]
@@ -117,17 +133,20 @@ class Sandbox:
         or enable when it cannot start (no bwrap, no user namespaces, not Linux)."""
         if not sys.platform.startswith("linux"):
             raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")
+        if not seccomp.supported():
+            raise WorkerError(f"sandbox=True runs on x86-64 and arm64 (seccomp.py); this is {platform.machine()}")
         bwrap = self.bwrap or find_bwrap()
-        argv, env, cwd = Sandbox(self.network, self.read_only, self.max_memory, bwrap).wrap(
-            [sys.executable, "-I", "-c", "pass"], _plain_environment(), os.getcwd()
-        )
-        key = tuple(argv)
+        trial = Sandbox(self.network, self.read_only, self.max_memory, bwrap)
+        command, plain = [sys.executable, "-I", "-c", "pass"], _plain_environment()
+        key = tuple(trial.wrap(command, plain, os.getcwd())[0])
         with _check_lock:
             if key in _checked:
                 return
             try:
-                done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, errors="replace", timeout=_CHECK_TIMEOUT)
+                with seccomp.program() as rules:
+                    argv, env, cwd = trial.wrap(command, plain, os.getcwd(), rules)
+                    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                          text=True, errors="replace", timeout=_CHECK_TIMEOUT, pass_fds=(rules,))
             except subprocess.TimeoutExpired:
                 raise WorkerError(f"a trial sandbox (bwrap) did not start within {_CHECK_TIMEOUT:g} s") from None
             except OSError as exc:
@@ -179,7 +198,7 @@ class _Spawner:
         import queue
 
         self.owner = os.getpid()
-        self._tasks: queue.SimpleQueue[tuple[Any, dict[str, Any], threading.Event]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="skynet-sandbox-spawner", daemon=True).start()
 
     def _serve(self) -> None:
@@ -191,14 +210,15 @@ class _Spawner:
                 box["error"] = exc
             done.set()
 
-    def run(self, work: Any) -> Any:
+    def run(self, work: Callable[[], _T]) -> _T:
         box: dict[str, Any] = {}
         done = threading.Event()
         self._tasks.put((work, box, done))
         done.wait()
         if "error" in box:
             raise box["error"]
-        return box["value"]
+        value: _T = box["value"]
+        return value
 
 
 _spawners: dict[int, _Spawner] = {}
@@ -248,15 +268,27 @@ def _readable(extra: Iterable[str]) -> list[str]:
     candidates += [entry or os.getcwd() for entry in sys.path]
     candidates += list(extra)
     candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
-    home = os.path.expanduser("~")
+    homes = _homes()
     found: list[str] = []
     for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
-        if not os.path.exists(path) or _under(home, path) or any(_under(path, kept) for kept in found):
-            continue  # never "/" nor the whole home (a notebook started in ~ has it on its import path)
+        if not os.path.exists(path) or any(_under(path, kept) for kept in found):
+            continue
+        if any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path))):
+            continue  # never "/" nor a whole home, however reached (a notebook started in ~ has it on its path)
         if any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)):
             continue
         found.append(path)
     return found
+
+
+def _homes() -> set[str]:
+    """The user's home folders as named ($HOME, the password database's) and as resolved (through links)."""
+    named = {os.path.expanduser("~"), os.environ.get("HOME", "")}
+    try:
+        named.add(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    return {path for home in named if home for path in (os.path.abspath(home), os.path.realpath(home))}
 
 
 def _under(path: str, folder: str) -> bool:

@@ -21,7 +21,7 @@ from ._core import loading, secrets
 from ._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from ._core.errors import SpendCapReached
 from ._core.isolation.runner import RunWorkers
-from ._core.isolation.sandbox import folders_of
+from ._core.isolation.sandbox import folders_of, sandbox_for
 from ._core.logs import logger as logger
 from ._core.specs import MetricSource
 from ._core.types import Failure, Outcome, Result
@@ -378,15 +378,20 @@ def make_evaluator(
     with its own models and options). llm() in the metric goes to `metric_lm`, else `reflection_lm`.
     `metric_options` go to load_metric (timeout, failure_score, feedback_limit, sandbox, ...).
     run_isolation: "thread" (the default) calls run in this process, as it always did; "process" calls it
-    in worker processes, each call under `run_timeout` seconds (default: the metric's timeout), so a
-    candidate that loops, exits, crashes or forks scores the failure score and the run goes on. With
-    sandbox=True those workers are sandboxed like the metric's (docs/sandbox.md).
+    in worker processes, each call in a new one under `run_timeout` seconds (default: the metric's
+    timeout), so a candidate that loops, exits, crashes or forks scores the failure score and the run goes
+    on; "sandbox" does so inside bubblewrap (docs/sandbox.md), for model-written code. With sandbox=True
+    run()'s workers are sandboxed as well.
     Call `close()` on the evaluator (or use it in a `with` block) to stop run()'s workers.
     """
-    if run_isolation not in ("thread", "process"):
-        raise ValueError(f"run_isolation must be 'thread' (the default) or 'process', got {run_isolation!r}")
-    if run_timeout is not None and run_isolation != "process":
-        raise ValueError("run_timeout= bounds run() in a worker process; it needs run_isolation='process'")
+    if run_isolation not in ("thread", "process", "sandbox"):
+        raise ValueError(
+            f"run_isolation must be 'thread' (the default), 'process' or 'sandbox', got {run_isolation!r}"
+        )
+    if run_timeout is not None and run_isolation == "thread":
+        raise ValueError(
+            "run_timeout= bounds run() in a worker process; it needs run_isolation='process' or 'sandbox'"
+        )
     run_fn = load_run(run)
     if isinstance(metric, Metric):
         given = {**metric_options, **({"metric_lm": metric_lm} if metric_lm is not None else {})}
@@ -399,18 +404,21 @@ def make_evaluator(
     if run_isolation == "thread":
         return Evaluator(run_fn, loaded)
     try:
-        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout))
+        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout, run_isolation == "sandbox"))
     except BaseException:
         if loaded is not metric:  # loaded here: its workers are not left behind
             loaded.close()
         raise
 
 
-def _run_workers(run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None) -> RunWorkers:
-    """Worker processes for run(), sandboxed as the metric's workers are (the run file's folder readable)."""
+def _run_workers(
+    run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None, sandboxed: bool
+) -> RunWorkers:
+    """Worker processes for run(), sandboxed when asked or when the metric's workers are (the run file's folder
+    readable)."""
     timeout = check_timeout(timeout) if timeout is not None else metric.timeout
-    sandbox = metric.scorer.sandbox
     path = str(run) if isinstance(run, (str, Path)) else None
+    sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
     if sandbox is not None:
         sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
         sandbox.check()
@@ -510,9 +518,10 @@ def optimize_anything(
         nothing twice): a repeated (candidate, example) costs no run, no metric call and no budget.
         rng_seed: GEPA's random seed.
     run_isolation / run_timeout: "thread" (the default) calls run in this process; "process" calls it in
-        worker processes, each call under run_timeout seconds (default: the metric's timeout), so a
-        candidate that loops, exits, crashes or forks scores the failure score and the run goes on
-        (see make_evaluator; with sandbox=True they are sandboxed too, docs/sandbox.md).
+        worker processes, each call in a new one under run_timeout seconds (default: the metric's
+        timeout), so a candidate that loops, exits, crashes or forks scores the failure score and the run
+        goes on; "sandbox" runs those workers inside bubblewrap: for model-written code (see
+        make_evaluator, docs/sandbox.md).
     config: load_metric options (timeout, failure_score, feedback_limit, judge_cache, judge_cache_size,
         max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending cap is reached), any
         field of GEPA's EngineConfig / ReflectionConfig / TrackingConfig (frontier_type, parallel,

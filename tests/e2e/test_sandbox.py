@@ -139,11 +139,12 @@ def test_a_metric_given_by_value_from_this_process_runs_sandboxed():
     def score(input, output, expected=None):
         import os
 
-        return float(os.getpid() == 2), {"feedback": f"pid {os.getpid()} under {os.getppid()}"}
+        return float(os.getpid() == 3), {"feedback": f"pid {os.getpid()} under {os.getppid()}"}
 
     with skynet_dspy.load_metric(score, sandbox=True) as metric:
         result = metric.score({}, "x")
-    assert result.score == 1.0 and result.feedback == "pid 2 under 1", result  # its own PID namespace
+    # its own PID namespace: bubblewrap's init is 1, the template 2, the first worker forked from it 3
+    assert result.score == 1.0 and result.feedback == "pid 3 under 2", result
 
 
 # -- plain GEPA: run() in sandboxed workers ----------------------------------------------------------------
@@ -233,3 +234,224 @@ def test_run_raising_in_a_worker_gives_the_same_feedback_as_in_this_process(tmp_
             feedbacks.append(evaluator("abc", example))
     expected = (0.0, {"Inputs": {"x": 3}, "feedback": "run(artifact, input) raised ValueError: no solve in 'abc'"})
     assert feedbacks[0] == feedbacks[1] == expected
+
+
+# -- the prefork: one import in a sandboxed template, workers forked from it --------------------------------
+
+PREFORKED = '''
+import json, os, time
+
+IMPORTED_IN = os.getpid()
+
+def score(input, output, expected=None):
+    time.sleep(input["sleep"])
+    return 1.0, {"feedback": json.dumps({"pid": os.getpid(), "parent": os.getppid(), "imported_in": IMPORTED_IN})}
+'''
+
+
+def test_sandboxed_workers_are_forked_from_one_sandboxed_import(tmp_path):
+    import json
+
+    path = write_metric(tmp_path, PREFORKED)
+    with skynet_dspy.load_metric(str(path), sandbox=True, timeout=60, workers=3) as metric:
+        calls = [threading.Thread(target=lambda: seen.append(metric.score({"sleep": 1.0}, "x"))) for _ in range(3)]
+        seen: list = []
+        for call in calls:
+            call.start()
+        for call in calls:
+            call.join()
+        outer = metric.scorer.executor.worker_pids
+    assert all(result.failure is None for result in seen), [result.detail for result in seen]
+    workers = [json.loads(result.feedback) for result in seen]
+    templates = {worker["imported_in"] for worker in workers}
+    assert len(templates) == 1 and len(outer) >= 2, (workers, outer)  # imported once, for every worker
+    assert all(worker["parent"] == worker["imported_in"] != worker["pid"] for worker in workers), workers
+    assert not {worker["pid"] for worker in workers} & set(outer)  # pids of the sandbox's own PID namespace
+
+
+def test_os_exit_in_a_sandboxed_metric_is_reported_with_its_exit_code(tmp_path):
+    path = write_metric(tmp_path, "import os\n\ndef score(input, output, expected=None):\n    os._exit(3)\n")
+    with skynet_dspy.load_metric(str(path), sandbox=True, timeout=30, workers=1) as metric:
+        result = metric.score({}, "x")
+    assert result.failure is Failure.CRASHED and "exited with code 3" in result.detail, result.detail
+
+
+# -- hardening, as root and as a user that is not: each run in a new process by that user -------------------
+
+SCORE_ONCE = '''
+import json, sys
+import skynet_dspy
+
+with skynet_dspy.load_metric(sys.argv[1], sandbox=True, timeout=60, workers=1) as metric:
+    result = metric.score(json.loads(sys.argv[2]), "x")
+print(json.dumps({"failure": str(result.failure) if result.failure else None, "feedback": result.feedback,
+                  "detail": result.detail}))
+'''
+USERS = ["this_user", "unprivileged"]
+_UNPRIVILEGED = 65534  # nobody: a root run of the suite runs these again as it
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether every folder on the way to `path` (through links) lets other users in."""
+    return all(part.stat().st_mode & 0o001 for part in path.resolve().parents)
+
+
+@pytest.fixture
+def shared():
+    """A folder every user can read (pytest's own is private to the user running it)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="skynet-sandbox-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _score_as(user: str, folder: Path, metric_body: str, input: dict, *, home: Path | None = None,
+              cwd: Path | None = None) -> dict:
+    """Score `input` once with metric_body under sandbox=True, in a new Python process run by `user`: what the
+    Result says ({"failure", "feedback", "detail"})."""
+    import json
+    import subprocess
+
+    (folder / "metric").mkdir(mode=0o755, exist_ok=True)
+    metric = write_metric(folder / "metric", metric_body)
+    script_folder = cwd or folder
+    script = script_folder / "score_once.py"
+    script.write_text(SCORE_ONCE)
+    script.chmod(0o644)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST")}
+    env["HOME"] = str(home or folder)
+    popen: dict = {}
+    if user == "unprivileged" and os.geteuid() == 0:
+        if not all(_reachable_by_others(Path(path)) for path in (sys.executable, skynet_dspy.__file__)):
+            pytest.skip("this Python or skynet_dspy is in a folder other users cannot enter (root's home): the "
+                        "sandbox is checked for them when the suite runs as a user that is not root")
+        popen = {"user": _UNPRIVILEGED, "group": _UNPRIVILEGED, "extra_groups": []}
+    done = subprocess.run([sys.executable, str(script), str(metric), json.dumps(input)], cwd=cwd or folder,
+                          env=env, capture_output=True, text=True, timeout=300, **popen)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+KERNEL_STATE = '''
+import json, os
+
+def score(input, output, expected=None):
+    seen = {}
+    for path in input["paths"]:
+        try:
+            os.close(os.open(path, os.O_WRONLY))  # opened for writing, nothing written
+            seen[path] = "writable"
+        except OSError as exc:
+            seen[path] = type(exc).__name__
+    try:
+        os.chmod("/dev/null", 0o666)  # its mode already: as root, the sandbox's uid 0 owns the host's device
+        seen["chmod /dev/null"] = "changed"
+    except OSError as exc:
+        seen["chmod /dev/null"] = type(exc).__name__
+    return 1.0, {"feedback": json.dumps(seen)}
+'''
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_nothing_of_the_kernels_state_is_writable_from_the_sandbox(shared, user):
+    """Finding 1: run by root, a sandbox could write /proc/sys/kernel/core_pattern (the kernel checks the global
+    uid for most kernel.* sysctls), and the kernel would run a file of its choosing as root on the next crash."""
+    import json
+
+    paths = ["/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
+             "/proc/sys/fs/binfmt_misc/register", "/proc/sysrq-trigger", "/proc/kcore"]
+    said = _score_as(user, shared, KERNEL_STATE, {"paths": paths})
+    assert said["failure"] is None, said
+    seen = json.loads(said["feedback"])
+    assert set(seen) == {*paths, "chmod /dev/null"}
+    assert "writable" not in seen.values() and seen["chmod /dev/null"] != "changed", seen
+    assert seen["/proc/sys/kernel/core_pattern"] in ("OSError", "PermissionError"), seen  # there, read-only
+
+
+READS_HOME = '''
+import json, os
+
+def score(input, output, expected=None):
+    seen = {}
+    for path in input["paths"]:
+        try:
+            seen[path] = open(path).read()
+        except OSError as exc:
+            seen[path] = type(exc).__name__
+    return 1.0, {"feedback": json.dumps(seen)}
+'''
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_a_home_reached_through_a_link_is_not_mounted_when_the_user_starts_in_it(shared, user):
+    """Finding 2: $HOME through a symlink, the user's script and current folder in it: its import path names the
+    resolved folder, which the unresolved $HOME did not match, so ~/.ssh/id_rsa was readable in the sandbox."""
+    import json
+
+    real = shared / "real-home"
+    (real / ".ssh").mkdir(parents=True)
+    for folder in (real, real / ".ssh"):
+        folder.chmod(0o755)
+    (real / ".ssh" / "id_rsa").write_text("PRIVATE KEY")
+    (real / ".ssh" / "id_rsa").chmod(0o644)
+    link = shared / "home"
+    link.symlink_to(real)
+    paths = [str(link / ".ssh" / "id_rsa"), str(real / ".ssh" / "id_rsa")]
+    said = _score_as(user, shared, READS_HOME, {"paths": paths}, home=link, cwd=link)
+    assert said["failure"] is None, said
+    seen = json.loads(said["feedback"])
+    assert "PRIVATE KEY" not in seen.values(), seen
+    assert set(seen.values()) <= {"FileNotFoundError", "PermissionError"}, seen
+
+
+CONNECTS = '''
+import json, socket
+
+def score(input, output, expected=None):
+    try:
+        client = socket.socket(socket.AF_UNIX)
+        client.settimeout(5)
+        client.connect(input["path"])
+        client.sendall(b"escaped")
+        seen = "connected"
+    except OSError as exc:
+        seen = type(exc).__name__
+    return 1.0, {"feedback": json.dumps(seen)}
+'''
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_without_network_a_unix_socket_in_a_readable_folder_cannot_be_reached(shared, user):
+    """Finding 3: a listening unix socket file in a folder the sandbox may read (the metric's) was reachable."""
+    import json
+
+    (shared / "metric").mkdir(mode=0o755)
+    path = shared / "metric" / "service.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    path.chmod(0o777)  # anyone may connect: only the sandbox stands in the way
+    listener.listen(4)
+    listener.settimeout(0.2)
+    accepted: list = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    waiter = threading.Thread(target=accept, daemon=True)
+    waiter.start()
+    try:
+        said = _score_as(user, shared, CONNECTS, {"path": str(path)})
+    finally:
+        stop.set()
+        waiter.join(5)
+        listener.close()
+    assert said["failure"] is None, said
+    assert json.loads(said["feedback"]) != "connected" and not accepted, said

@@ -455,3 +455,89 @@ def test_without_network_a_unix_socket_in_a_readable_folder_cannot_be_reached(sh
         listener.close()
     assert said["failure"] is None, said
     assert json.loads(said["feedback"]) != "connected" and not accepted, said
+
+
+# -- run() in workers: a clean worker per call; a sandbox of its own ----------------------------------------
+
+PATCHES_EXEC = '''
+import builtins, sys
+
+_exec = exec
+
+def _right_answers(code, namespace=None, *rest):
+    _exec(code, namespace, *rest)
+    namespace["solve"] = lambda x: x * 2  # every later candidate "solves" the task
+
+builtins.exec = sys._getframe(1).f_globals["exec"] = _right_answers  # everywhere, and in run()'s module
+
+def solve(x):
+    return x * 2
+'''
+
+
+@pytest.mark.parametrize("isolation", ["process", "sandbox"])
+def test_what_one_candidate_changes_in_its_worker_never_reaches_the_next(tmp_path, isolation):
+    """Finding 7: a candidate patched builtins.exec in the shared run() worker, and a later wrong one scored 1."""
+    run_path = write_metric(tmp_path, RUN, "run.py")
+    metric_path = write_metric(tmp_path, METRIC)
+    example = {"input": {"x": 3}, "expected": {"y": 6}}
+    with skynet_dspy.make_evaluator(str(run_path), str(metric_path), run_isolation=isolation,
+                                    run_timeout=30) as evaluator:
+        patched = evaluator.evaluate(PATCHES_EXEC, example)
+        wrong = [evaluator.evaluate("def solve(x):\n    return x + 1", example) for _ in range(3)]
+    assert patched.score == 1.0, patched
+    assert [result.score for result in wrong] == [0.0, 0.0, 0.0], wrong
+
+
+KEEPS_LABELS = '''
+SEEN = []
+
+def score(input, output, expected=None):
+    SEEN.append(dict(expected))  # labels held in the metric worker's memory
+    return float(output == expected["y"]), {"feedback": "scored"}
+'''
+READS_MEMORY = '''
+import json, os
+
+def solve(needle):
+    looked, found = [], []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        looked.append(pid)
+        try:
+            with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+                for line in maps:
+                    span, perms = line.split()[:2]
+                    start, end = (int(value, 16) for value in span.split("-"))
+                    if "r" not in perms or end - start > 256 * 2**20:
+                        continue
+                    try:
+                        mem.seek(start)
+                        if needle.encode() in mem.read(end - start):
+                            found.append(pid)
+                            break
+                    except (OSError, ValueError, OverflowError):
+                        continue
+        except OSError:
+            continue
+    return json.dumps({"looked": looked, "found": found})
+'''
+
+
+def test_sandboxed_run_code_cannot_read_labels_out_of_a_metric_workers_memory(tmp_path):
+    """Finding 7: a run() worker read the labels out of a metric worker's memory (/proc/PID/mem, same user).
+    run_isolation="sandbox" puts run() in a sandbox of its own: the metric's workers are not in its view."""
+    import json
+
+    run_path = write_metric(tmp_path, RUN, "run.py")
+    metric_path = write_metric(tmp_path, KEEPS_LABELS)
+    label = f"label-{uuid.uuid4().hex}"
+    with skynet_dspy.make_evaluator(str(run_path), str(metric_path), run_isolation="sandbox",
+                                    run_timeout=60) as evaluator:
+        first = evaluator.evaluate("def solve(x):\n    return x", {"input": {"x": "a"}, "expected": {"y": label}})
+        _, side_info = evaluator(READS_MEMORY, {"input": {"x": label}, "expected": {"y": "b"}})
+        metric_workers = evaluator.metric.scorer.executor.worker_pids
+    assert first.failure is None and metric_workers, first
+    seen = json.loads(side_info["Generated Outputs"])
+    assert seen["looked"] and seen["found"] == [], seen  # it looked at every process it could see

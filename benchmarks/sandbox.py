@@ -135,7 +135,7 @@ def _pool_child(mode: str, path: str) -> dict[str, Any]:
     sandboxes |= {worker.proc.pid for worker in executor._workers if hasattr(worker, "proc")}
     inside = {pid for box in sandboxes for pid in [box, *tree.descendants(box)]}
     memory = {"pool_pss": sum(map(_pss, inside)), "processes": len(inside), "workers": len(workers),
-              "one_worker_rss": max(map(_rss, workers))}
+              "one_worker_rss": max(_rss(worker.metric_pid) for worker in executor._workers)}
     memory["ratio"] = memory["pool_pss"] / memory["one_worker_rss"]
     release.touch()
     for thread in threads:

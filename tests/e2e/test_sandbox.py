@@ -296,6 +296,20 @@ def _reachable_by_others(path: Path) -> bool:
     return all(part.stat().st_mode & 0o001 for part in path.resolve().parents)
 
 
+def _python_for_others() -> tuple[str, list[str]]:
+    """A Python another user can run with this one's packages, and the import path it needs: this Python, or,
+    when it lives where others cannot enter (pyenv in root's home), the system's of the same version."""
+    import site
+
+    path = [*site.getsitepackages(), str(Path(skynet_dspy.__file__).resolve().parents[1])]
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    for python in (Path(sys.executable), system):
+        if python.exists() and all(_reachable_by_others(Path(entry) / "x") for entry in [str(python), *path]):
+            return str(python), path
+    pytest.skip("neither this Python, its packages nor a system Python of its version can be run by another user "
+                "(they are in root's home): run the suite as a user that is not root to check that case")
+
+
 @pytest.fixture
 def shared():
     """A folder every user can read (pytest's own is private to the user running it)."""
@@ -324,12 +338,12 @@ def _score_as(user: str, folder: Path, metric_body: str, input: dict, *, home: P
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST")}
     env["HOME"] = str(home or folder)
     popen: dict = {}
+    python = sys.executable
     if user == "unprivileged" and os.geteuid() == 0:
-        if not all(_reachable_by_others(Path(path)) for path in (sys.executable, skynet_dspy.__file__)):
-            pytest.skip("this Python or skynet_dspy is in a folder other users cannot enter (root's home): the "
-                        "sandbox is checked for them when the suite runs as a user that is not root")
         popen = {"user": _UNPRIVILEGED, "group": _UNPRIVILEGED, "extra_groups": []}
-    done = subprocess.run([sys.executable, str(script), str(metric), json.dumps(input)], cwd=cwd or folder,
+        python, path = _python_for_others()
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    done = subprocess.run([python, str(script), str(metric), json.dumps(input)], cwd=cwd or folder,
                           env=env, capture_output=True, text=True, timeout=300, **popen)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,12 +7,14 @@ are in test_attacks.py, run both ways.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import dspy
@@ -57,16 +59,14 @@ def _listener() -> socket.socket:
     return server
 
 
-@pytest.mark.parametrize("network", [False, True])
-def test_a_sandboxed_metric_reaches_no_port_and_writes_nowhere_outside_its_own_tmp(tmp_path, network):
-    import json
-
-    listener = _listener()
-    accepted = []
+@contextlib.contextmanager
+def _accepting(listener: socket.socket) -> Iterator[list[socket.socket]]:
+    """Accept connections on `listener` (with a timeout set) while the block runs: the list of those accepted."""
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
 
     def accept() -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not accepted:
+        while not stop.is_set():
             try:
                 accepted.append(listener.accept()[0])
             except OSError:
@@ -74,6 +74,23 @@ def test_a_sandboxed_metric_reaches_no_port_and_writes_nowhere_outside_its_own_t
 
     waiter = threading.Thread(target=accept, daemon=True)
     waiter.start()
+    try:
+        yield accepted
+    finally:
+        stop.set()
+        waiter.join(5)
+        with contextlib.suppress(OSError):  # one already waiting in the backlog
+            accepted.append(listener.accept()[0])
+        listener.close()
+        for found in accepted:
+            found.close()
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_a_sandboxed_metric_reaches_no_port_and_writes_nowhere_outside_its_own_tmp(tmp_path, network):
+    import json
+
+    listener = _listener()
     token = uuid.uuid4().hex
     outside = tmp_path.parent / f"escape-{token}.txt"  # beside the metric's folder, on the host's /tmp
     writes = {
@@ -85,12 +102,11 @@ def test_a_sandboxed_metric_reaches_no_port_and_writes_nowhere_outside_its_own_t
     }
     path = write_metric(tmp_path, REACHES)
     home = os.path.expanduser("~")
-    with skynet_dspy.load_metric(str(path), sandbox=True, sandbox_network=network, timeout=20) as metric:
-        result = metric.score({"port": listener.getsockname()[1], "writes": writes, "user_home": home}, "x")
-    waiter.join(20)
-    listener.close()
-    for found in accepted:
-        found.close()
+    port = listener.getsockname()[1]
+    with _accepting(listener) as accepted, skynet_dspy.load_metric(
+        str(path), sandbox=True, sandbox_network=network, timeout=20
+    ) as metric:
+        result = metric.score({"port": port, "writes": writes, "user_home": home}, "x")
     assert result.failure is None, result.detail
     seen = json.loads(result.feedback)
     if network:  # sandbox_network=True: the host's network, loopback included
@@ -449,24 +465,8 @@ def test_without_network_a_unix_socket_in_a_readable_folder_cannot_be_reached(sh
     path.chmod(0o777)  # anyone may connect: only the sandbox stands in the way
     listener.listen(4)
     listener.settimeout(0.2)
-    accepted: list = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    waiter = threading.Thread(target=accept, daemon=True)
-    waiter.start()
-    try:
+    with _accepting(listener) as accepted:
         said = _score_as(user, shared, CONNECTS, {"path": str(path)})
-    finally:
-        stop.set()
-        waiter.join(5)
-        listener.close()
     assert said["failure"] is None, said
     assert json.loads(said["feedback"]) != "connected" and not accepted, said
 

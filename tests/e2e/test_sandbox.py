@@ -555,3 +555,43 @@ def test_sandboxed_run_code_cannot_read_labels_out_of_a_metric_workers_memory(tm
     assert first.failure is None and metric_workers, first
     seen = json.loads(side_info["Generated Outputs"])
     assert seen["looked"] and seen["found"] == [], seen  # it looked at every process it could see
+
+
+STAYS_LOADED = '''
+import os, signal, sys, threading
+import skynet_dspy
+
+metric = skynet_dspy.load_metric(sys.argv[1], sandbox=True, workers=1)
+print(*metric.scorer.executor.worker_pids, flush=True)
+threading.Event().wait()
+'''
+
+
+def test_a_stopped_sandbox_ends_with_the_users_process(tmp_path):
+    """Finding 5, sandboxed: the template, its workers and bubblewrap's own processes, all stopped (SIGSTOP), still
+    end when the user's process is killed: bubblewrap's --die-with-parent, and its PID namespace with it."""
+    import signal
+    import subprocess
+
+    from skynet_dspy._core.isolation import tree
+
+    path = write_metric(tmp_path, PREFORKED)
+    script = write_metric(tmp_path, STAYS_LOADED, "user.py")
+    user = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        worker = int(user.stdout.readline())
+        chain = [worker]  # the worker, the template, bubblewrap's init and bubblewrap, up to the user's process
+        while (above := tree.parent(chain[-1])) not in (None, user.pid, 1):
+            chain.append(above)
+        assert len(chain) >= 3, chain
+        for pid in chain:
+            os.kill(pid, signal.SIGSTOP)
+        user.kill()
+        user.wait()
+        deadline = time.monotonic() + 60
+        while (left := [pid for pid in chain if tree.parent(pid) is not None]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], "a stopped sandboxed process outlived the user's process"
+    finally:
+        user.kill()
+        user.wait()

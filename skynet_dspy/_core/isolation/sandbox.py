@@ -1,10 +1,15 @@
-"""sandbox=True: each metric worker runs inside bubblewrap (`bwrap`), in Linux namespaces of its own.
+"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own.
 
-A worker then has its own PID namespace (it sees and can signal only its own processes, and everything it
-starts dies with it), no network unless asked, a read-only view of what Python needs (the interpreter, its
-libraries, the import path, the metric's folder), a private /tmp, nothing else of the user's home, and no
-capabilities (a user namespace of its own, even when the user is root). bubblewrap is Flatpak's sandbox, a
-small setuid-free C program; no Python library does this, so the command line is built here.
+The pool is the default one (process.py): its template is started here, inside a sandbox, imports the metric
+once and forks the workers in there (template.py), so a loaded model is shared; a fresh worker (the template
+unsafe to fork) gets a sandbox of its own. A sandbox has its own PID namespace (its processes see and can
+signal only each other, and all die with it), no network unless asked, a read-only view of what Python needs
+(the interpreter, its libraries, the import path, the metric's folder) and never a whole home folder, a
+private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even when the user is
+root), and the system calls of seccomp.py refused. Nothing in it holds a handle on the user's process (a pidfd
+would let it signal that process): bwrap's --die-with-parent ends the sandbox when the user's process ends,
+from the thread that started it (_Spawner). bubblewrap is Flatpak's sandbox, a small setuid-free C program; no
+Python library does this, so the command line is built here.
 
 bwrap is started with the worker's credential-free environment (its own init process, PID 1 inside, keeps
 the environment it was started with, readable in /proc/1/environ), so nothing else is put on its command
@@ -64,7 +69,8 @@ _check_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How to start a worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is handle.py's launcher hook.
+    """How to start a template or worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is the launcher
+    hook of handle.py and template.py.
 
     network: keep the host's network (False: a network namespace with only its own loopback).
     read_only: further folders or files the worker may read (the metric's folder; what sys.path names is

@@ -285,11 +285,18 @@ def test_sandboxed_workers_are_forked_from_one_sandboxed_import(tmp_path):
     assert not {worker["pid"] for worker in workers} & set(outer)  # pids of the sandbox's own PID namespace
 
 
-def test_os_exit_in_a_sandboxed_metric_is_reported_with_its_exit_code(tmp_path):
+@pytest.mark.parametrize("start", ["template", "fresh"])
+def test_os_exit_in_a_sandboxed_metric_is_reported_with_its_exit_code(tmp_path, monkeypatch, start):
+    """Finding 8: os._exit(3) in the sandbox was reported as "killed by SIGKILL" (bubblewrap killed before it
+    could pass the worker's status on). Forked from the template, or a fresh interpreter (the template unsafe)."""
+    from skynet_dspy._core.isolation.process import START_VARIABLE
+
+    monkeypatch.setenv(START_VARIABLE, start)
     path = write_metric(tmp_path, "import os\n\ndef score(input, output, expected=None):\n    os._exit(3)\n")
     with skynet_dspy.load_metric(str(path), sandbox=True, timeout=30, workers=1) as metric:
-        result = metric.score({}, "x")
-    assert result.failure is Failure.CRASHED and "exited with code 3" in result.detail, result.detail
+        results = [metric.score({}, "x") for _ in range(3)]
+    for result in results:
+        assert result.failure is Failure.CRASHED and "exited with code 3" in result.detail, result.detail
 
 
 # -- hardening, as root and as a user that is not: each run in a new process by that user -------------------

@@ -234,6 +234,11 @@ class WorkerProcess:
         The worker is stopped first, so it starts nothing more; then what left its process group (setsid)
         is found in its tree or by its mark (tree.py), and killed with the group.
         """
+        if self._inner is not None and self.proc.poll() is None and _state(self._inner) in (None, b"Z", b"X"):
+            try:  # the worker under a sandbox ended: bubblewrap exits with its status in a moment
+                self.proc.wait(_STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             try:
                 os.kill(self.pid, signal.SIGSTOP)
@@ -314,14 +319,18 @@ def _innermost(pid: int) -> int | None:
     return leaves[0] if len(leaves) == 1 else None
 
 
-def _stopped(pid: int) -> bool:
-    """Whether `pid` is stopped (SIGSTOP, a tracer) or gone, from /proc."""
+def _state(pid: int) -> bytes | None:
+    """The state letter of `pid` in /proc (R, S, T, Z...), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
-            state = file.read().rpartition(b")")[2].split()[0]
+            return bytes(file.read().rpartition(b")")[2].split()[0])
     except (OSError, IndexError):
-        return True
-    return state in (b"T", b"t", b"Z", b"X")
+        return None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a tracer) or gone, from /proc."""
+    return _state(pid) in (None, b"T", b"t", b"Z", b"X")
 
 
 def _pidfd(pid: int) -> int | None:

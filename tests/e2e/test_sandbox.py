@@ -373,7 +373,7 @@ def _score_as(user: str, folder: Path, metric_body: str, input: dict, *, home: P
 
 
 KERNEL_STATE = '''
-import json, os
+import ctypes, json, os
 
 def score(input, output, expected=None):
     seen = {}
@@ -388,6 +388,8 @@ def score(input, output, expected=None):
         seen["chmod /dev/null"] = "changed"
     except OSError as exc:
         seen["chmod /dev/null"] = type(exc).__name__
+    libc = ctypes.CDLL(None, use_errno=True)  # a user namespace inside, whose root would own root's files
+    seen["user namespace"] = "made" if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno())
     return 1.0, {"feedback": json.dumps(seen)}
 '''
 
@@ -403,8 +405,9 @@ def test_nothing_of_the_kernels_state_is_writable_from_the_sandbox(shared, user)
     said = _score_as(user, shared, KERNEL_STATE, {"paths": paths})
     assert said["failure"] is None, said
     seen = json.loads(said["feedback"])
-    assert set(seen) == {*paths, "chmod /dev/null"}
+    assert set(seen) == {*paths, "chmod /dev/null", "user namespace"}
     assert "writable" not in seen.values() and seen["chmod /dev/null"] != "changed", seen
+    assert seen["user namespace"] != "made", seen
     assert seen["/proc/sys/kernel/core_pattern"] in ("OSError", "PermissionError"), seen  # there, read-only
 
 

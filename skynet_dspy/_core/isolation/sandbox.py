@@ -111,14 +111,16 @@ class Sandbox:
     def options(self, readable: Sequence[str] | None = None) -> list[str]:
         """bwrap's options, everything but the command."""
         args = [
-            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            # --disable-userns: no user namespace inside, whose root would own (root's) files mapped in it
+            "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         ]
         if not self.network:
             args.append("--unshare-net")
         # bwrap leaves /proc/sys writable (it skips what access() calls read-only, and the folder is): kernel.*
         # sysctls check the global uid, so a root user's sandbox could set kernel.core_pattern without it
-        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
+                 "/proc/sysrq-trigger", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in _SYSTEM:
             if os.path.islink(path):  # /lib -> usr/lib on a merged-/usr system: the same link inside
                 args += ["--symlink", os.readlink(path), path]

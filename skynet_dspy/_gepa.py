@@ -21,7 +21,7 @@ from ._core import loading, secrets
 from ._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from ._core.errors import MetricLoadError, SpendCapReached
 from ._core.isolation.runner import RunWorkers
-from ._core.isolation.sandbox import folders_of
+from ._core.isolation.sandbox import folders_of, sandbox_for
 from ._core.logs import logger as logger
 from ._core.options import ModelSpec, OptimizeAnythingOptions, ScoringOptions, check_names, names
 from ._core.specs import MetricSource
@@ -388,7 +388,7 @@ def make_evaluator(
     *,
     metric_lm: ModelSpec = None,
     reflection_lm: ModelSpec = None,
-    run_isolation: Literal["thread", "process"] = "thread",
+    run_isolation: Literal["thread", "process", "sandbox"] = "thread",
     run_timeout: float | None = None,
     **metric_options: Unpack[ScoringOptions],
 ) -> Evaluator:
@@ -403,11 +403,12 @@ def make_evaluator(
             loaded (then used as is, with its own models and options, and left open on close()).
         metric_lm: The model llm() in the metric calls.
         reflection_lm: The model llm() calls when no metric_lm is given (a bare callable is GEPA's alone).
-        run_isolation: "thread" calls run in this process; "process" calls it in worker processes, so a
-            candidate that loops, exits, crashes or forks scores the failure score and the run goes on (with
-            sandbox=True those workers are sandboxed like the metric's, docs/sandbox.md).
-        run_timeout: Seconds each run() call may take in a worker (needs run_isolation="process"; default: the
-            metric's timeout).
+        run_isolation: "thread" calls run in this process; "process" calls it in worker processes, each call in a
+            new one, so a candidate that loops, exits, crashes or forks scores the failure score and the run goes
+            on; "sandbox" does so inside bubblewrap (docs/sandbox.md), for model-written code. With sandbox=True
+            run()'s workers are sandboxed as well.
+        run_timeout: Seconds each run() call may take in a worker (needs run_isolation="process" or "sandbox";
+            default: the metric's timeout).
         **metric_options: `ScoringOptions` for load_metric (timeout, failure_score, feedback_limit, sandbox, ...).
 
     Returns:
@@ -418,10 +419,14 @@ def make_evaluator(
         TypeError: An unknown option, or options beside a Metric already loaded.
     """
     check_names("make_evaluator()", metric_options, ScoringOptions)
-    if run_isolation not in ("thread", "process"):
-        raise ValueError(f"run_isolation must be 'thread' (the default) or 'process', got {run_isolation!r}")
-    if run_timeout is not None and run_isolation != "process":
-        raise ValueError("run_timeout= bounds run() in a worker process; it needs run_isolation='process'")
+    if run_isolation not in ("thread", "process", "sandbox"):
+        raise ValueError(
+            f"run_isolation must be 'thread' (the default), 'process' or 'sandbox', got {run_isolation!r}"
+        )
+    if run_timeout is not None and run_isolation == "thread":
+        raise ValueError(
+            "run_timeout= bounds run() in a worker process; it needs run_isolation='process' or 'sandbox'"
+        )
     run_fn = load_run(run)
     if isinstance(metric, Metric):
         given = {**metric_options, **({"metric_lm": metric_lm} if metric_lm is not None else {})}
@@ -435,18 +440,22 @@ def make_evaluator(
     if run_isolation == "thread":
         return Evaluator(run_fn, loaded, owns_metric=owns)
     try:
-        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout), owns_metric=owns)
+        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout, run_isolation == "sandbox"),
+                         owns_metric=owns)
     except BaseException:
         if loaded is not metric:  # loaded here: its workers are not left behind
             loaded.close()
         raise
 
 
-def _run_workers(run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None) -> RunWorkers:
-    """Worker processes for run(), sandboxed as the metric's workers are (the run file's folder readable)."""
+def _run_workers(
+    run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None, sandboxed: bool
+) -> RunWorkers:
+    """Worker processes for run(), sandboxed when asked or when the metric's workers are (the run file's folder
+    readable)."""
     timeout = check_timeout(timeout) if timeout is not None else metric.timeout
-    sandbox = metric.scorer.sandbox
     path = str(run) if isinstance(run, (str, Path)) else None
+    sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
     if sandbox is not None:
         sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
         sandbox.check()
@@ -538,7 +547,7 @@ def optimize_anything(
     background: str | None = None,
     max_metric_calls: int | None = None,
     rng_seed: int = 0,
-    run_isolation: Literal["thread", "process"] = "thread",
+    run_isolation: Literal["thread", "process", "sandbox"] = "thread",
     run_timeout: float | None = None,
     **config: Unpack[OptimizeAnythingOptions],
 ) -> GEPAResult:
@@ -565,8 +574,9 @@ def optimize_anything(
         max_metric_calls: GEPA's budget of (candidate, example) evaluations, checked before the run. GEPA's
             evaluation cache is on (cache_evaluation=True), so a repeated (candidate, example) costs nothing.
         rng_seed: GEPA's random seed.
-        run_isolation: "thread" calls run in this process; "process" in worker processes, each call under
-            run_timeout seconds, so a candidate that loops, exits, crashes or forks scores the failure score.
+        run_isolation: "thread" calls run in this process; "process" in worker processes, each call in a new one
+            under run_timeout seconds, so a candidate that loops, exits, crashes or forks scores the failure
+            score; "sandbox" runs those workers inside bubblewrap: for model-written code (docs/sandbox.md).
         run_timeout: Seconds each run() call may take in a worker (default: the metric's timeout).
         **config: `OptimizeAnythingOptions`: the metric's `ScoringOptions` (timeout, failure_score,
             feedback_limit, judge_cache, max_judge_cost_usd, max_program_cost_usd: GEPA stops once a spending

@@ -1,14 +1,14 @@
-"""Adversarial metrics against the default isolation (worker processes): each attack, then a good call.
+"""Hostile metrics against sandbox=True (docs/sandbox.md): each attack, then a good call.
 
-Every test here is an attack a hostile or careless metric can make on the machinery around it: writing to
-the worker's socket (a forged frame header, a forged reply), leaving something behind after a call that
-returned normally (an alarm, a timer, a thread still calling llm()), escaping the process-group kill
-(setsid), or returning values whose handling in the user's process would be slow. For each: the call ends
-within about its timeout, the next good call scores normally, no process is left behind, and nothing the
-metric chose reaches the optimizer. Calls run on a guard thread, so a hole fails the test instead of
-hanging the suite. Holes of a same-user worker this package cannot close without a sandbox (reading the user's
-process's environment or memory, signalling it, a daemon escaping) run both ways: they pass with sandbox=True
-(bubblewrap) and stay strict xfails only for the unsandboxed default.
+The default workers contain buggy metrics; a metric written to do harm belongs in the sandbox, and every test
+here runs in it. Each is an attack a hostile metric can make on the machinery around it: writing to the
+worker's socket (a forged frame header, a forged reply), leaving something behind after a call that returned
+normally (an alarm, a timer, a thread still calling llm()), escaping the kill of its worker (setsid, a daemon),
+returning values whose handling in the user's process would be slow, signalling the user's process or reading
+its environment and memory. For each: the call ends within about its timeout, the next good call scores
+normally, no process is left behind, and nothing the metric chose reaches the optimizer. Calls run on a guard
+thread, so a hole fails the test instead of hanging the suite. What the sandbox itself keeps out (network,
+files, kernel state) is in test_sandbox.py.
 """
 
 from __future__ import annotations
@@ -30,17 +30,9 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy import Failure
-from skynet_dspy._core.isolation.process import START_VARIABLE
 
 TIMEOUT = 1.0
-SLACK = 4.0  # seconds past the timeout a call may take on a loaded 2-core machine (a new worker starts)
-
-
-@pytest.fixture(autouse=True, params=["template", "fresh"])
-def start_mode(request, monkeypatch) -> str:
-    """Every test here runs twice: workers forked from the template, and fresh-interpreter workers."""
-    monkeypatch.setenv(START_VARIABLE, request.param)
-    return request.param
+SLACK = 15.0  # seconds past the timeout a call may take on a loaded 2-core machine: a hang, not a speed, is caught
 
 
 # Finds the call id of the call in progress (the worker's own frame) and writes a frame of our choosing to
@@ -103,7 +95,7 @@ def _assert_good(metric, case: str = "good") -> None:
 
 def _metric(tmp_path: Path, body: str, **options) -> skynet_dspy.Metric:
     path = write_metric(tmp_path, FORGER + textwrap.dedent(body))
-    return skynet_dspy.load_metric(str(path), timeout=TIMEOUT, workers=1, **options)
+    return skynet_dspy.load_metric(str(path), timeout=TIMEOUT, workers=1, sandbox=True, **options)
 
 
 def _tagged(tag: str) -> list[int]:
@@ -315,10 +307,9 @@ def score(input, output, expected=None):
 '''
 
 
-@pytest.mark.parametrize("sandbox", [False, True])
 @pytest.mark.parametrize("case", ["alarm", "timer_exit", "timer_stop", "late_frame"])
-def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case, sandbox):
-    metric = _metric(tmp_path, LEFTOVERS, sandbox=sandbox)  # sandboxed, the worker is not this process's child
+def test_what_a_returned_call_left_behind_does_not_fail_the_next_good_call(tmp_path, case):
+    metric = _metric(tmp_path, LEFTOVERS)
     try:
         _, score = _call(metric, case)
         assert score.result.failure is None
@@ -469,21 +460,13 @@ def score(input, output, expected=None):
 '''
 
 
-ESCAPES = pytest.mark.xfail(
-    strict=True,
-    reason="unsandboxed, a daemon (setsid and a double fork) started with an environment of the metric's own making "
-    "carries no worker mark and is no longer below the worker; sandbox=True (a PID namespace per worker) closes it",
-)
-
-
-@pytest.mark.parametrize("how, sandbox", [
-    ("setsid", False), ("daemon", False), ("hang", False), pytest.param("bare_daemon", False, marks=ESCAPES),
-    ("setsid", True), ("daemon", True), ("hang", True), ("bare_daemon", True),
-])
-def test_a_child_that_left_the_workers_process_group_is_stopped_with_the_worker(tmp_path, how, sandbox):
+@pytest.mark.parametrize("how", ["setsid", "daemon", "hang", "bare_daemon"])
+def test_a_child_that_left_the_workers_process_group_is_stopped_with_the_worker(tmp_path, how):
+    """A daemon started with an environment of the metric's own making carries no worker mark and is no longer
+    below the worker: only the sandbox (its PID namespace ends with the template) stops it."""
     tag = uuid.uuid4().hex[:8]
     command = _sleeper(tag)
-    metric = _metric(tmp_path, CHILDREN, sandbox=sandbox)
+    metric = _metric(tmp_path, CHILDREN)
     try:
         _, score = _call(metric, f"{how}:{command}")
         if how == "hang":  # the call timed out: its worker was killed, and the child with it
@@ -504,7 +487,7 @@ def test_a_child_that_left_the_workers_process_group_is_stopped_with_the_worker(
 USER_SCRIPT = '''
 import sys, time
 import dspy, skynet_dspy
-metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1)
+metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1, sandbox=True)
 metric(dspy.Example(case="plain:" + sys.argv[2], label="yes").with_inputs("case"), dspy.Prediction(label="yes"))
 print("scored", flush=True)
 time.sleep(60)
@@ -519,12 +502,11 @@ def score(input, output, expected=None):
 '''
 
 
-@pytest.mark.parametrize("sandbox", [False, True])
-def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path, sandbox):
+def test_the_metrics_children_end_when_the_users_process_is_killed(tmp_path):
     tag = uuid.uuid4().hex[:8]
     command = _sleeper(tag)
     path = write_metric(tmp_path, PLAIN_CHILD)
-    script = write_metric(tmp_path, USER_SCRIPT.replace("workers=1)", f"workers=1, sandbox={sandbox})"), "user.py")
+    script = write_metric(tmp_path, USER_SCRIPT, "user.py")
     user = subprocess.Popen([sys.executable, str(script), str(path), command], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path)
     try:
@@ -546,14 +528,15 @@ os.getppid = lambda: _parent  # the worker's watch on the user's process would n
 time.sleep = lambda seconds: None
 
 def score(input, output, expected=None):
-    print("worker", os.getpid(), file=sys.stderr, flush=True)
+    print("scoring", file=sys.stderr, flush=True)
     _real_sleep(10**6)
 '''
 
 HANGING_USER = '''
 import sys, threading
 import skynet_dspy
-metric = skynet_dspy.load_metric(sys.argv[1], timeout=600, workers=1)
+metric = skynet_dspy.load_metric(sys.argv[1], timeout=600, workers=1, sandbox=True)
+print("worker", *metric.scorer.executor.worker_pids, file=sys.stderr, flush=True)  # as this process sees it
 threading.Thread(target=metric.score, args=({}, "x"), daemon=True).start()
 threading.Event().wait()
 '''
@@ -567,6 +550,7 @@ def test_a_worker_ends_when_the_users_process_is_killed_even_if_the_metric_blind
         line = user.stderr.readline()
         assert line.startswith("worker "), line
         worker = int(line.split()[1])
+        assert user.stderr.readline().strip() == "scoring"
         user.kill()
         user.wait()
         deadline = time.monotonic() + 5
@@ -604,23 +588,13 @@ NAMED_BY_HAND = {
     "renamed_class": 'Base.__name__ = L\n    raise Base("x")',
     "planted_in_the_metric": 'cls = type(L, (ValueError,), {"__module__": __name__})\n    '
                              'setattr(sys.modules[__name__], L, cls)\n    raise cls("x")',
-    "planted_in_a_library": 'import json\n    cls = type(L, (ValueError,), {"__module__": "json"})\n    '
-                            'setattr(json, L, cls)\n    raise cls("x")',
 }
+# Not here: a class planted into a library module at run time (a library's class is taken at its word), or an
+# exception type written into a forged reply. Both are deliberate leaks, like writing the labels into a
+# successful call's feedback, which the contract allows (docs/sandbox.md, "What it does not stop").
 
 
-PLANTED_IN_A_LIBRARY = pytest.mark.xfail(
-    strict=True,
-    reason="a library's class is taken at its word (found under its name in the module it names), so a class "
-    "a metric plants into a library module at run time is shown: a deliberate leak, like writing the labels into "
-    "a successful call's feedback, which the contract allows",
-)
-
-
-@pytest.mark.parametrize("how", [
-    pytest.param(how, marks=PLANTED_IN_A_LIBRARY) if how == "planted_in_a_library" else how
-    for how in sorted(NAMED_BY_HAND)
-])
+@pytest.mark.parametrize("how", sorted(NAMED_BY_HAND))
 def test_an_exception_type_a_metric_names_from_the_labels_by_hand_does_not_reach_the_optimizer(tmp_path, how):
     """All a class says of itself (__qualname__, __module__, __name__, where it is found) can be set at run
     time: a class of the metric's own is shown only when a class statement in a source file names it."""
@@ -658,39 +632,17 @@ def score(input, output, expected=None):
 '''
 
 
-@pytest.mark.parametrize("isolation", ["process", "thread"])
-def test_exception_types_named_in_source_still_reach_the_optimizer(tmp_path, isolation):
+@pytest.mark.parametrize("sandbox", [True, False])
+def test_exception_types_named_in_source_still_reach_the_optimizer(tmp_path, sandbox):
     path = write_metric(tmp_path, textwrap.dedent(NAMED_IN_SOURCE))
-    with skynet_dspy.load_metric(str(path), isolation=isolation, timeout=TIMEOUT) as metric:
+    options = {"sandbox": True} if sandbox else {"isolation": "thread"}
+    with skynet_dspy.load_metric(str(path), timeout=10, **options) as metric:
         feedback = {case: metric.score({"case": case}, "x", {}).feedback
                     for case in ("module", "local", "library", "numpy")}
     assert "raised LinAlgError" in feedback["numpy"]
     assert "raised ParseError" in feedback["module"]
     assert "raised LocalError" in feedback["local"]
     assert "raised JSONDecodeError" in feedback["library"]
-
-
-FORGED_TYPE = '''
-def score(input, output, expected=None):
-    forge({"failure": "exception", "error_type": expected["label"], "detail": "d"})
-    time.sleep(10)
-'''
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a metric that writes its own failure reply may name any identifier as its exception type, and the "
-    "type reaches the optimizer; the user's process checks only its shape (a deliberate leak, like writing the "
-    "labels into a successful call's feedback, which the contract allows)",
-)
-def test_a_forged_exception_type_shaped_like_a_name_does_not_reach_the_optimizer(tmp_path):
-    metric = _metric(tmp_path, FORGED_TYPE)
-    try:
-        _, score = _call(metric, "x", label="CANARY88")
-        assert score.result.failure is Failure.EXCEPTION
-        assert "CANARY88" not in score.result.feedback
-    finally:
-        metric.close()
 
 
 # -- bulk that is cheap for the worker and dear for the user's process ---------------------------------------
@@ -718,7 +670,7 @@ def test_bulky_extra_values_are_bounded_so_the_call_ends_in_about_its_timeout(tm
         metric.close()
 
 
-# -- what no package running metrics as the user's own processes can prevent ---------------------------------
+# -- the user's process: out of the sandbox's sight ----------------------------------------------------------
 
 
 KILLS_PARENT = '''
@@ -731,27 +683,11 @@ def score(input, output, expected=None):
     return 1.0, {"feedback": "ok"}
 '''
 
-UNSANDBOXED = pytest.mark.xfail(
-    strict=True,
-    reason="unsandboxed, a worker runs as the user's own uid (root here: no ptrace rule stops it), so it may signal "
-    "the user's process and read its environment and memory in /proc; sandbox=True (a PID namespace) closes it",
-)
-SANDBOXED = [pytest.param(False, marks=UNSANDBOXED, id="unsandboxed"), pytest.param(True, id="sandbox")]
-ROOT_UNSANDBOXED = pytest.mark.xfail(
-    os.geteuid() == 0, strict=True,
-    reason="unsandboxed, a root worker (CAP_SYS_PTRACE) reads the user's process's /proc files even though it is "
-    "not dumpable while workers live; for a user that is not root, dumpable.py closes it; sandbox=True always",
-)
-SANDBOXED_OR_NOT_ROOT = [pytest.param(False, marks=ROOT_UNSANDBOXED, id="unsandboxed"),
-                         pytest.param(True, id="sandbox")]
-
-
-@pytest.mark.parametrize("sandbox", SANDBOXED)
-def test_a_metric_cannot_kill_the_users_process(tmp_path, sandbox):
+def test_a_metric_cannot_kill_the_users_process(tmp_path):
     path = write_metric(tmp_path, FORGER + textwrap.dedent(KILLS_PARENT))
     script = write_metric(tmp_path, USER_SCRIPT.replace("time.sleep(60)", "").replace(
         '"plain:" + sys.argv[2]', '"plain:" + str(os.getpid())').replace("import sys, time", "import os, sys, time")
-        .replace("workers=1)", f"workers=1, sandbox={sandbox})"), "user.py")
+        , "user.py")
     done = subprocess.run([sys.executable, str(script), str(path), "x"], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
     assert done.returncode == 0 and "scored" in done.stdout, done.returncode
@@ -769,12 +705,11 @@ def score(input, output, expected=None):
 '''
 
 
-@pytest.mark.parametrize("sandbox", SANDBOXED_OR_NOT_ROOT)
-def test_a_metric_cannot_read_the_users_keys(tmp_path, sandbox):
+def test_a_metric_cannot_read_the_users_keys(tmp_path):
     path = write_metric(tmp_path, FORGER + textwrap.dedent(READS_PARENT))
-    script = write_metric(tmp_path, textwrap.dedent(f'''
+    script = write_metric(tmp_path, textwrap.dedent('''
         import os, sys, dspy, skynet_dspy
-        metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1, sandbox={sandbox})
+        metric = skynet_dspy.load_metric(sys.argv[1], timeout=5, workers=1, sandbox=True)
         example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
         score = metric(example, dspy.Prediction(label="yes"))
         print(score.result.extra.get("seen"))
@@ -805,7 +740,7 @@ def _scan(pid, needle):
     return False
 
 def score(input, output, expected=None):
-    seen, needle = False, ("mem" + "canary-").encode()  # never whole in this file's own text
+    seen, needle = False, "".join(["mem", "canary-"]).encode()  # never whole in this file, nor in its compiled code
     for pid in {os.getppid(), 1, int(input["case"])}:
         try:
             seen = seen or _scan(pid, needle)
@@ -815,14 +750,13 @@ def score(input, output, expected=None):
 '''
 
 
-@pytest.mark.parametrize("sandbox", SANDBOXED_OR_NOT_ROOT)
-def test_a_metric_cannot_read_a_key_given_only_in_python_from_the_users_memory(tmp_path, sandbox):
+def test_a_metric_cannot_read_a_key_given_only_in_python_from_the_users_memory(tmp_path):
     path = write_metric(tmp_path, FORGER + textwrap.dedent(READS_PARENT_MEMORY))
-    script = write_metric(tmp_path, textwrap.dedent(f'''
+    script = write_metric(tmp_path, textwrap.dedent('''
         import os, sys, uuid, dspy, skynet_dspy
         key = "memcanary-" + uuid.uuid4().hex  # only in this process's memory: no file, no environment
-        metric = skynet_dspy.load_metric(sys.argv[1], timeout=30, workers=1, sandbox={sandbox},
-                                         metric_lm={{"model": "openai/x", "api_key": key}})
+        metric = skynet_dspy.load_metric(sys.argv[1], timeout=30, workers=1, sandbox=True,
+                                         metric_lm={"model": "openai/x", "api_key": key})
         example = dspy.Example(case=str(os.getpid()), label="yes").with_inputs("case")
         score = metric(example, dspy.Prediction(label="yes"))
         print(score.result.failure, score.result.extra.get("seen"))
@@ -869,7 +803,7 @@ def test_dspy_gepa_runs_through_every_attack_and_no_canary_reaches_a_model(tmp_p
         train.append(dspy.Example(ticket=example.ticket, label=example.label, mode=mode, canary=canaries[-1],
                                   shown=shown[-1]).with_inputs("ticket"))
     path = write_metric(tmp_path, FORGER + textwrap.dedent(GEPA_METRIC))
-    metric = skynet_dspy.load_metric(str(path), output_fields="label", timeout=TIMEOUT)
+    metric = skynet_dspy.load_metric(str(path), output_fields="label", timeout=TIMEOUT, sandbox=True)
     server = scripted_server()
     lm = dspy.LM("openai/gpt-4o-mini", api_base=server.url, api_key="local-test-key", cache=False)
     optimizer = dspy.GEPA(metric=metric, reflection_lm=lm, max_metric_calls=3 * len(train), num_threads=4,

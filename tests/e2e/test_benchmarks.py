@@ -301,6 +301,10 @@ def test_sandbox_rows_time_every_call_and_start_both_ways(quick):
         assert found[way]["failures"] == 0
         assert found[way]["start_max_ms"] >= found[way]["start_median_ms"] > 0
     assert found["first_sandboxed_load_s"] > 0
+    pool = found["pool"]  # 12c/d: 8 sandboxed workers, forked in the sandbox and fresh
+    for mode in ("template", "fresh"):
+        assert pool[mode]["start_mode"] == mode and pool[mode]["memory"]["workers"] == 8
+        assert pool[mode]["memory"]["pool_pss"] > 0 and pool[mode]["ready_s"] > 0 and pool[mode]["import_s"] > 0
 
 
 def test_judge_limits_row_sends_without_429_under_the_limit(quick):

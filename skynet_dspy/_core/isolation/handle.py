@@ -212,6 +212,11 @@ class WorkerProcess:
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it (no zombie is left): what left its process group
         (setsid) is found in its tree or by its mark (tree.py), and killed with the group."""
+        if self._inner is not None and self.proc.poll() is None and _state(self._inner) in (None, b"Z", b"X"):
+            try:  # the worker under a sandbox ended: bubblewrap exits with its status in a moment
+                self.proc.wait(_STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
         tree.kill_descendants(self.pid, self.token)
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -279,6 +284,15 @@ def _innermost(pid: int) -> int | None:
     parents = {child: tree.parent(child) for child in below}
     leaves = [child for child in below if child not in parents.values()]
     return leaves[0] if len(leaves) == 1 else None
+
+
+def _state(pid: int) -> bytes | None:
+    """The state letter of `pid` in /proc (R, S, T, Z...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return bytes(file.read().rpartition(b")")[2].split()[0])
+    except (OSError, IndexError):
+        return None
 
 
 def _pidfd(pid: int) -> int | None:

@@ -68,7 +68,7 @@ class ProcessExecutor:
 
     `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
     own between calls (mid-call, the call fails as `memory`); `start` forces a start mode (START_MODES);
-    `launcher` starts each worker another way (sandbox.py: in bubblewrap), always as a fresh interpreter.
+    `launcher` starts the template, or each fresh worker, another way (sandbox.py: in bubblewrap).
     """
 
     def __init__(
@@ -89,8 +89,8 @@ class ProcessExecutor:
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self.max_calls = max_calls
         self.max_memory = max_memory
-        # a sandboxed worker is a fresh interpreter in its own namespaces: nothing is forked across the boundary
-        self.start_mode = "fresh" if launcher is not None else _start_mode(start)
+        # sandboxed, the template itself starts inside bubblewrap and forks the workers in there
+        self.start_mode = _start_mode(start)
         # a call waits this long at most for a worker to start; it is never charged to the call's timeout
         self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
@@ -130,7 +130,7 @@ class ProcessExecutor:
     def _load_template(self, seconds: float) -> MetricInfo:
         """Import the metric in a new template (within `seconds` of its start); falls back to fresh workers when
         it cannot be forked safely."""
-        template = Template(self._pool)
+        template = Template(self._pool, self.launcher)
         self._helpers.append(template)
         try:
             try:

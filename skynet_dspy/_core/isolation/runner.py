@@ -3,6 +3,11 @@
 `run` is dressed as a score function (`as_score`) and handed to a ProcessExecutor like any metric: the same
 workers, timeout, kill of whatever it started, and sandbox. What run returned comes back as plain data in
 the Result's extra values; an exception it raised comes back as text, as it would in this process.
+
+Each call runs in a worker of its own, forked from the template that imported run (or run.py) and never ran
+it: nothing one candidate's code changed in its process (a patched builtin, a module global, a thread it
+left) reaches another candidate's call. Sandboxed (run_isolation="sandbox", or the metric's sandbox=True),
+that template and its workers are inside a bubblewrap sandbox of their own, apart from the metric's.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class Ran:
 
 
 class RunWorkers:
-    """run(artifact, input) in worker processes, each call under `timeout` seconds."""
+    """run(artifact, input) in worker processes, each call under `timeout` seconds in a new worker."""
 
     def __init__(
         self, run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = None,
@@ -67,7 +72,8 @@ class RunWorkers:
         self.timeout = timeout
         source = as_score(None, path) if path is not None else as_score(run)
         try:
-            self.executor = ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_workers, launcher=launcher)
+            self.executor = ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_workers, max_calls=1,
+                                            launcher=launcher)
         except MetricLoadError as exc:
             raise MetricLoadError(
                 f"run cannot be sent to a worker process: {exc}. Define run in a run.py and pass its path, or "

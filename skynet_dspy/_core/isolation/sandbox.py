@@ -1,10 +1,15 @@
-"""sandbox=True: each metric worker runs inside bubblewrap (`bwrap`), in Linux namespaces of its own.
+"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own.
 
-A worker then has its own PID namespace (it sees and can signal only its own processes, and everything it
-starts dies with it), no network unless asked, a read-only view of what Python needs (the interpreter, its
-libraries, the import path, the metric's folder), a private /tmp, nothing else of the user's home, and no
-capabilities (a user namespace of its own, even when the user is root). bubblewrap is Flatpak's sandbox, a
-small setuid-free C program; no Python library does this, so the command line is built here.
+The pool is the default one (process.py): its template is started here, inside a sandbox, imports the metric
+once and forks the workers in there (template.py), so a loaded model is shared; a fresh worker (the template
+unsafe to fork) gets a sandbox of its own. A sandbox has its own PID namespace (its processes see and can
+signal only each other, and all die with it), no network unless asked, a read-only view of what Python needs
+(the interpreter, its libraries, the import path, the metric's folder) and never a whole home folder, a
+private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even when the user is
+root), and the system calls of seccomp.py refused. Nothing in it holds a handle on the user's process (a pidfd
+would let it signal that process): bwrap's --die-with-parent ends the sandbox when the user's process ends,
+from the thread that started it (_Spawner). bubblewrap is Flatpak's sandbox, a small setuid-free C program; no
+Python library does this, so the command line is built here.
 
 bwrap is started with the worker's credential-free environment (its own init process, PID 1 inside, keeps
 the environment it was started with, readable in /proc/1/environ), so nothing else is put on its command
@@ -15,18 +20,21 @@ unsandboxed run: `Sandbox.check()` starts one real sandbox at load_metric().
 from __future__ import annotations
 
 import os
+import platform
+import pwd
 import shutil
 import site
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import WorkerError
+from . import seccomp
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; Arch: "
@@ -54,13 +62,15 @@ _LIMIT_CODE = (
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
 
+_T = TypeVar("_T")
 _checked: set[tuple[str, ...]] = set()  # command lines that started a trial sandbox in this process
 _check_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How to start a worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is handle.py's launcher hook.
+    """How to start a template or worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is the launcher
+    hook of handle.py and template.py.
 
     network: keep the host's network (False: a network namespace with only its own loopback).
     read_only: further folders or files the worker may read (the metric's folder; what sys.path names is
@@ -74,11 +84,20 @@ class Sandbox:
 
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
         """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
-        wrapped, env, cwd = self.wrap(argv, env, cwd)
-        return _spawner().run(lambda: subprocess.Popen(wrapped, env=env, cwd=cwd, **popen))
 
-    def wrap(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str], str]:
-        """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through."""
+        def start() -> subprocess.Popen[bytes]:
+            with seccomp.program() as rules:  # read by bwrap as it starts
+                wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
+                pass_fds = (*popen.pop("pass_fds", ()), rules)
+                return subprocess.Popen(wrapped, env=inside_env, cwd=inside_cwd, pass_fds=pass_fds, **popen)
+
+        return _spawner().run(start)
+
+    def wrap(
+        self, argv: Sequence[str], env: dict[str, str], cwd: str, rules: int | None = None
+    ) -> tuple[list[str], dict[str, str], str]:
+        """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through.
+        `rules`: a descriptor to read the seccomp program from (seccomp.program()), passed to Popen too."""
         bwrap = self.bwrap or find_bwrap()
         env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
         readable = _readable(self.read_only)
@@ -86,17 +105,22 @@ class Sandbox:
         command = list(argv)
         if self.max_memory is not None:
             command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
-        return [bwrap, *self.options(readable), "--chdir", inside_cwd, "--", *command], env, "/"
+        filters = ["--seccomp", str(rules)] if rules is not None else []
+        return [bwrap, *self.options(readable), *filters, "--chdir", inside_cwd, "--", *command], env, "/"
 
     def options(self, readable: Sequence[str] | None = None) -> list[str]:
         """bwrap's options, everything but the command."""
         args = [
-            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            # --disable-userns: no user namespace inside, whose root would own (root's) files mapped in it
+            "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         ]
         if not self.network:
             args.append("--unshare-net")
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        # bwrap leaves /proc/sys writable (it skips what access() calls read-only, and the folder is): kernel.*
+        # sysctls check the global uid, so a root user's sandbox could set kernel.core_pattern without it
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
+                 "/proc/sysrq-trigger", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in _SYSTEM:
             if os.path.islink(path):  # /lib -> usr/lib on a merged-/usr system: the same link inside
                 args += ["--symlink", os.readlink(path), path]
@@ -117,17 +141,20 @@ class Sandbox:
         or enable when it cannot start (no bwrap, no user namespaces, not Linux)."""
         if not sys.platform.startswith("linux"):
             raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")
+        if not seccomp.supported():
+            raise WorkerError(f"sandbox=True runs on x86-64 and arm64 (seccomp.py); this is {platform.machine()}")
         bwrap = self.bwrap or find_bwrap()
-        argv, env, cwd = Sandbox(self.network, self.read_only, self.max_memory, bwrap).wrap(
-            [sys.executable, "-I", "-c", "pass"], _plain_environment(), os.getcwd()
-        )
-        key = tuple(argv)
+        trial = Sandbox(self.network, self.read_only, self.max_memory, bwrap)
+        command, plain = [sys.executable, "-I", "-c", "pass"], _plain_environment()
+        key = tuple(trial.wrap(command, plain, os.getcwd())[0])
         with _check_lock:
             if key in _checked:
                 return
             try:
-                done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, errors="replace", timeout=_CHECK_TIMEOUT)
+                with seccomp.program() as rules:
+                    argv, env, cwd = trial.wrap(command, plain, os.getcwd(), rules)
+                    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                                          text=True, errors="replace", timeout=_CHECK_TIMEOUT, pass_fds=(rules,))
             except subprocess.TimeoutExpired:
                 raise WorkerError(f"a trial sandbox (bwrap) did not start within {_CHECK_TIMEOUT:g} s") from None
             except OSError as exc:
@@ -179,7 +206,7 @@ class _Spawner:
         import queue
 
         self.owner = os.getpid()
-        self._tasks: queue.SimpleQueue[tuple[Any, dict[str, Any], threading.Event]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="skynet-sandbox-spawner", daemon=True).start()
 
     def _serve(self) -> None:
@@ -191,14 +218,15 @@ class _Spawner:
                 box["error"] = exc
             done.set()
 
-    def run(self, work: Any) -> Any:
+    def run(self, work: Callable[[], _T]) -> _T:
         box: dict[str, Any] = {}
         done = threading.Event()
         self._tasks.put((work, box, done))
         done.wait()
         if "error" in box:
             raise box["error"]
-        return box["value"]
+        value: _T = box["value"]
+        return value
 
 
 _spawners: dict[int, _Spawner] = {}
@@ -248,15 +276,27 @@ def _readable(extra: Iterable[str]) -> list[str]:
     candidates += [entry or os.getcwd() for entry in sys.path]
     candidates += list(extra)
     candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
-    home = os.path.expanduser("~")
+    homes = _homes()
     found: list[str] = []
     for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
-        if not os.path.exists(path) or _under(home, path) or any(_under(path, kept) for kept in found):
-            continue  # never "/" nor the whole home (a notebook started in ~ has it on its import path)
+        if not os.path.exists(path) or any(_under(path, kept) for kept in found):
+            continue
+        if any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path))):
+            continue  # never "/" nor a whole home, however reached (a notebook started in ~ has it on its path)
         if any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)):
             continue
         found.append(path)
     return found
+
+
+def _homes() -> set[str]:
+    """The user's home folders as named ($HOME, the password database's) and as resolved (through links)."""
+    named = {os.path.expanduser("~"), os.environ.get("HOME", "")}
+    try:
+        named.add(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    return {path for home in named if home for path in (os.path.abspath(home), os.path.realpath(home))}
 
 
 def _under(path: str, folder: str) -> bool:

@@ -55,6 +55,7 @@ from .handle import (
     PARENT_VARIABLE,
     STARTUP_TIMEOUT,
     Gone,
+    Launcher,
     Output,
     WorkerProcess,
     output_pipe,
@@ -83,12 +84,18 @@ def supported() -> bool:
 class Template:
     """The template process, seen from the user's process: load the metric once, fork workers, reap them."""
 
-    def __init__(self, pool_token: str) -> None:
+    def __init__(self, pool_token: str, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
         self._output = tempfile.TemporaryFile()  # what the import prints, logged once (bounded), never shown raw
-        env = {**worker_environment(), tree.MARK: pool_token, PARENT_VARIABLE: str(os.getpid())}
+        # a launcher (sandbox.py) starts it inside bubblewrap: its workers are forked in there, in its PID namespace
+        # (bwrap dies with this process; inside, this pid is not the template's parent)
+        self.launcher = launcher
+        env = {**worker_environment(), tree.MARK: pool_token}
+        if launcher is None:
+            env[PARENT_VARIABLE] = str(os.getpid())  # it dies with this process (worker.prepare)
+        start = launcher.start if launcher is not None else subprocess.Popen
         try:
-            self.proc = spawn(lambda: subprocess.Popen(
+            self.proc = spawn(lambda: start(
                 [sys.executable, "-P", "-c", _TEMPLATE_CODE, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -140,6 +147,21 @@ class Template:
         if not isinstance(reply, dict):
             raise Gone
         return reply
+
+    def outer_pid(self, pid: int) -> int | None:
+        """The pid, as this process sees it, of the template's child `pid` (a pid of the sandbox's PID namespace
+        when a launcher started it; found in /proc by the NSpid line of the processes below the template)."""
+        if self.launcher is None:
+            return pid
+        for below in tree.descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{below}/status", "rb") as file:
+                    line = next((line for line in file if line.startswith(b"NSpid:")), b"")
+            except OSError:
+                continue
+            if line.split()[-1:] == [str(pid).encode()]:
+                return below
+        return None
 
     def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float) -> dict[str, Any] | None:
         """Import the metric in the template: its `loaded`/`load_failed` reply, None after `seconds`."""
@@ -216,11 +238,13 @@ class ForkedWorker(WorkerProcess):
         finally:
             theirs.close()
             os.close(written)
-        if not reply or reply.get("kind") != "forked" or not isinstance(reply.get("pid"), int):
+        outer = template.outer_pid(reply["pid"]) if reply and isinstance(reply.get("pid"), int) else None
+        if not reply or reply.get("kind") != "forked" or outer is None:
             ours.close()
             os.close(output)
             raise WorkerError("the metric's template process could not fork a worker")
-        self._attach(ours, reply["pid"], output)
+        self._inner_pid: int = reply["pid"]  # the template's name for it (another one inside a sandbox)
+        self._attach(ours, outer, output)
 
     @property
     def returncode(self) -> int | None:
@@ -246,7 +270,7 @@ class ForkedWorker(WorkerProcess):
                 except (ProcessLookupError, PermissionError):
                     pass
             self._exited(STARTUP_TIMEOUT / 10)
-            self._status = self.template.reap(self.pid)
+            self._status = self.template.reap(self._inner_pid)
             self._close()
 
     def stop(self) -> None:

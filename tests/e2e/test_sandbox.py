@@ -155,12 +155,12 @@ def test_a_metric_given_by_value_from_this_process_runs_sandboxed():
     def score(input, output, expected=None):
         import os
 
-        return float(os.getpid() == 3), {"feedback": f"pid {os.getpid()} under {os.getppid()}"}
+        return float(os.getpid() < 10), {"feedback": f"pid {os.getpid()} under {os.getppid()}"}
 
     with skynet_dspy.load_metric(score, sandbox=True) as metric:
         result = metric.score({}, "x")
-    # its own PID namespace: bubblewrap's init is 1, the template 2, the first worker forked from it 3
-    assert result.score == 1.0 and result.feedback == "pid 3 under 2", result
+    # its own PID namespace: bubblewrap's init is 1, the template 2 (its reaper 3), the first worker forked from it
+    assert result.score == 1.0 and result.feedback.endswith(" under 2"), result
 
 
 # -- plain GEPA: run() in sandboxed workers ----------------------------------------------------------------

@@ -291,14 +291,14 @@ def test_a_local_ray_the_package_starts_has_no_keys_and_is_gone_after_close(tmp_
     found = _run(f"""
         import json, os, time
         import ray, skynet_dspy
-        from skynet_dspy._core.isolation import ray_cluster, tree
+        from skynet_dspy._core.isolation import ray_session, tree
         assert not ray.is_initialized()
         metric = skynet_dspy.load_metric({str(path)!r}, isolation="ray")
         result = metric.score({{}}, 1)
         [host] = metric.scorer.executor.host_pids()
         with open(f"/proc/{{host['host']}}/environ", "rb") as file:
             host_env = file.read()
-        started = tree.marked(ray_cluster.local_ray_mark())
+        started = tree.marked(ray_session.local_ray_mark())
         metric.close()
         connected_after = ray.is_initialized()
         try:

@@ -50,6 +50,7 @@ class Hosts:
         self.made: list[int] = []
         self.started: list[subprocess.Popen[bytes]] = []
         self.files: list[IO[bytes]] = []
+        self.folder = ""  # a folder of the caller's (Ray's temp dir), removed by it
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
 

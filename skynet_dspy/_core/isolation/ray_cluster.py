@@ -151,7 +151,7 @@ class RayExecutor:
         self._refreshed = 0.0
         self._ray = session.acquire(cluster.address)
         try:
-            self._runtime_env = uploaded(runtime_env)
+            self.runtime_env = uploaded(runtime_env)  # what the node hosts get (code uploaded: gcs:// URIs)
             first = self._place(initial=True)
         except BaseException:
             self.close()
@@ -180,8 +180,8 @@ class RayExecutor:
                     "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2 * capacity + 4,
                     "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
                 }
-                if self._runtime_env:
-                    options["runtime_env"] = self._runtime_env
+                if self.runtime_env:
+                    options["runtime_env"] = self.runtime_env
                 actor = self._call(remote.options(**options).remote, self._source, self.timeout, self.feedback_limit,
                                    capacity, self._recycle)
                 host = _Host(actor, node_id, capacity, lost=True)  # lost (takes no call) until it has loaded

@@ -7,6 +7,10 @@ mid-run, a node cut off from the network mid-run and a node joining; a second dr
 a Ray Client address (ray://) and sees a node killed mid-run. Every call that was in flight on a lost node is
 scored `crashed` once (never re-run), within the documented deadline (2 x timeout + 60 s); every other call
 scores. It skips, saying why, only where namespaces cannot be made (not root, no iproute2).
+
+The hosts share one file system: each node has a Ray folder of its own, and the driver, which runs no raylet of
+its own, uses the head's through it (as a driver on a machine of the cluster uses its own); every other exchange
+is over the network. The Ray Client driver needs nothing but the network.
 """
 
 from __future__ import annotations
@@ -165,14 +169,12 @@ def test_evaluate_across_hosts_survives_a_killed_node_a_partition_and_a_node_joi
            "RAY_health_check_failure_threshold": "5"}
     head = hosts.address(HEAD)
     def common(number: int) -> list[str]:
-        # the hosts share one file system: each node's sockets are its own (as ray.cluster_utils does)
+        # the hosts share one file system: each node's folder (its Unix sockets, its logs) is its own
         return ["--block", "--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats",
-                f"--node-ip-address={hosts.address(number)}",
-                f"--plasma-store-socket-name={hosts.folder}/store{number}",
-                f"--raylet-socket-name={hosts.folder}/raylet{number}"]
+                f"--node-ip-address={hosts.address(number)}", f"--temp-dir={hosts.folder}/{number}"]
 
     hosts.start(HEAD, [RAY, "start", "--head", "--port=6379", "--ray-client-server-port=10001",
-                       "--include-dashboard=false", f"--temp-dir={hosts.folder}", *common(HEAD)], "head", env)
+                       "--include-dashboard=false", *common(HEAD)], "head", env)
 
     def node(number: int) -> None:
         hosts.start(number, [RAY, "start", f"--address={head}:6379", *common(number)], f"node-{number}", env)

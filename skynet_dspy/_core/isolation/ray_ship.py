@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -92,13 +93,37 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
         ) from None
 
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    with tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
-        env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=include_gitignore, scratch_dir=scratch,
-                                          logger=logger)
-        env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
-                                           logger=logger)
+    with _pin_lock, tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
+        pin = os.environ.get(_PIN_VARIABLE)
+        if _through_ray_client():
+            # Ray Client 2.60 proxies the upload's "pin this package" call to a server that lacks it (the call
+            # never returns): the package is not pinned; the node hosts created next hold it instead
+            os.environ[_PIN_VARIABLE] = "0"
+        try:
+            env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=include_gitignore,
+                                              scratch_dir=scratch, logger=logger)
+            env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
+                                               logger=logger)
+        finally:
+            if pin is None:
+                os.environ.pop(_PIN_VARIABLE, None)
+            else:
+                os.environ[_PIN_VARIABLE] = pin
     env.pop("excludes", None)
     return env
+
+
+_PIN_VARIABLE = "RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S"  # Ray's setting: how long an upload is pinned
+_pin_lock = threading.Lock()
+
+
+def _through_ray_client() -> bool:
+    try:
+        from ray.util import client
+    except ImportError:
+        return False
+    connected: Any = client.ray.is_connected
+    return bool(connected())
 
 
 def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:

@@ -192,16 +192,27 @@ print(json.dumps({"s": loaded, "close": time.perf_counter() - started}))
 """
 
 
+def _probe(code: str) -> dict[str, float]:
+    """The figures one fresh process prints (its first line); it is ended if it does not exit after them."""
+    with subprocess.Popen([sys.executable, "-c", code, str(EXACT)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}) as probe:
+        assert probe.stdout is not None
+        line = probe.stdout.readline()
+        try:
+            probe.wait(120)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+    if not line.strip():
+        raise RuntimeError(f"starting Ray failed (exit code {probe.returncode})")
+    return dict(json.loads(line))
+
+
 def _starts(rounds: int) -> dict[str, Any]:
     """Seconds to start a local Ray: ray.init() alone and the package's, alternated, each in a fresh process."""
     found: dict[str, list[float]] = {"ray_init": [], "package": [], "load_metric": [], "close": []}
     for _ in range(rounds):
         for name, code in (("ray_init", _INIT_ALONE), ("package", _PACKAGE_START), ("load_metric", _LOAD)):
-            done = subprocess.run([sys.executable, "-c", code, str(EXACT)], capture_output=True, text=True,
-                                  timeout=600, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-            if done.returncode != 0:
-                raise RuntimeError(f"starting Ray ({name}) failed: {done.stderr[-2000:]}")
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            figures = _probe(code)
             found[name].append(figures["s"])
             if "close" in figures:
                 found["close"].append(figures["close"])

@@ -286,7 +286,7 @@ def rows(found: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
             f"ray costs the driver {_ratio(driver, 'driver_cpu_ms_per_call'):.1f}× process per call; of it, the "
             f"calling Python threads {where['python_ms_per_call']:.2f} ms and Ray's own threads "
             f"{where['ray_threads_ms_per_call']:.2f} ms per call (profiled run); the calling threads' CPU by "
-            f"function (cumulative, nested): {top}",
+            f"function (own time, the 4 largest): {top}",
             "target ≥2,000 calls/s per driver core",
         ),
         (

@@ -79,6 +79,7 @@ class Sizes:
     sandbox_starts: int = 10  # 12: worker starts timed each way
     ray_calls: int = 2000  # 11: calls timed one at a time, and calls from many threads for the driver's CPU
     ray_cpu_examples: int = 100  # 11: dspy.Evaluate examples of the CPU-bound metric per isolation
+    ray_starts: int = 3  # 11: fresh processes starting a local Ray, each way
     limit_requests: int = 1000  # 10: judge requests per row
     sporadic_requests: int = 400  # 13: judge requests per row
 
@@ -86,7 +87,7 @@ class Sizes:
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
               isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2,
-              ray_calls=100, ray_cpu_examples=8, limit_requests=40, sporadic_requests=80)
+              ray_calls=100, ray_cpu_examples=8, ray_starts=1, limit_requests=40, sporadic_requests=80)
 
 
 def _quiet() -> None:
@@ -196,7 +197,7 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
 
         say(f"isolation=\"ray\" on a local Ray vs processes: {sizes.ray_calls:,} calls, {sizes.ray_cpu_examples} "
             "CPU-bound examples ...")
-        return ray_cluster.run(sizes.ray_calls, sizes.ray_cpu_examples, sizes.ray_calls)
+        return ray_cluster.run(sizes.ray_calls, sizes.ray_cpu_examples, sizes.ray_calls, sizes.ray_starts)
     if number == 10:
         from benchmarks import judge_limits
 

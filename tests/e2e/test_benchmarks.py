@@ -279,6 +279,11 @@ def test_ray_rows_time_ray_and_processes_side_by_side(quick):
         assert _finite_positive(driver["sustainable_calls_per_s"]) and _finite_positive(driver["calls_per_s"])
         assert _finite_positive(found["cpu_bound"][name]["examples_per_s"])
     assert found["ray_workers_after_runs"] >= 1
+    for name in ("ray_init", "package", "load_metric", "close"):  # 11d: starting a local Ray, both ways
+        assert _finite_positive(found["start"][name])
+    where = found["where"]  # 11c: where the driver's CPU goes
+    assert _finite_positive(where["python_ms_per_call"]) and where["ray_threads_ms_per_call"] >= 0
+    assert where["top"] and all(0 < entry["share"] <= 1 for entry in where["top"])
 
 
 def test_bad_sizes_are_refused_with_a_message(capsys):

@@ -1,35 +1,25 @@
 """isolation="ray": metric calls on a Ray cluster, each node running the package's own worker pool.
 
-One Ray actor per node (`_NodeHost`) hosts a ProcessExecutor, so the timeout, the process-tree kill and the
-contract checks stay on the node, exactly as on one machine. The user's process (the driver) sends each call
-to the least busy node and keeps its own deadline (2 x timeout + a margin): a node lost mid-call scores the
-call `crashed`. Ray's retries are off (max_restarts=0, max_task_retries=0): a call is never silently re-run.
+The user's process (the driver) starts one host actor per node (ray_node.py), sends each call to the least busy
+node and keeps its own deadline (2 x timeout + a margin): a node lost mid-call scores the call `crashed`. Ray's
+retries are off (max_restarts=0, max_task_retries=0): a call is never silently re-run. Calls in flight follow
+the caller's threads, as with local worker processes: each node's pool grows to the calls it is sent, up to
+`workers_per_node` (default: the local pool's ceiling).
 
-llm() is served by the driver (its judge, cache, spend caps and rate limits; no key on the node) through a
-step protocol: `start(call)` and `next_event(call)` return the call's next event, an llm() request or its
-outcome; the driver answers requests with `llm_reply`. Events are plain values pickled on the node and read
-on the driver by wire.py's class-refusing unpickler; the outcome is checked against the contract again here.
+llm() is served by the driver (its judge, cache, spend caps and rate limits; no key on the node); what a node
+sends is read by wire.py's class-refusing unpickler and the outcome is checked against the contract again here.
+The connection to Ray is ray_session.py's; what travels to the nodes, ray_ship.py's.
 
-Ray is imported lazily, only in this module (`pip install "skynet-dspy[ray]"`).
+Ray is imported lazily (`pip install "skynet-dspy[ray]"`).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-import math
-import os
-import pickle
-import queue
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ..call import CallRequest
@@ -38,49 +28,23 @@ from ..errors import (
     NO_JUDGE_MODEL,
     LLMCallError,
     MetricLoadError,
-    MissingExtra,
     ModelNotConfigured,
     WorkerError,
-    judge_error,
     judge_failure,
 )
-from ..secrets import credential_free_environment, env_credential, looks_like_credential
+from ..logs import logger
+from ..secrets import env_credential, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import check_llm_arguments, exception_text, whole_number
-from . import tree, wire
-from .process import checked_again
+from . import wire
+from .process import DEFAULT_MAX_WORKERS, checked_again
+from .ray_node import DEADLINE_MARGIN, NodeHost
+from .ray_session import START_TIMEOUT, session
+from .ray_ship import ship, uploaded
 
-logger = logging.getLogger("skynet_dspy")
-
-DEADLINE_MARGIN = 60.0  # seconds past 2 x timeout the driver waits for a node before it scores the call crashed
 MAX_LLM_AT_ONCE = 16  # llm() requests one call may have in flight; more are refused at once (as in process.py)
-REFRESH_EVERY = 30.0  # seconds between looks for nodes without a host (a new node, a lost host replaced)
-START_TIMEOUT = 180.0  # seconds a local Ray started by the package may take to come up
-_POLL = 5.0  # seconds a node holds a next_event request before answering "pending"
+REFRESH_EVERY = 10.0  # seconds between looks for nodes without a host (a new node, a lost host replaced)
 _STOP_WAIT = 10.0  # seconds close() gives the node hosts to stop their workers before killing them
-_ADDRESS_LINE = "SKYNET_DSPY_RAY_ADDRESS="
-# The helper that starts a local Ray in a process of its own: its environment (credential-free) is what every
-# Ray process it starts inherits. It stops Ray when its stdin closes: close(), or the user's process exiting.
-_HELPER = (
-    "import sys, ray\n"
-    "context = ray.init(include_dashboard=False, configure_logging=False)\n"
-    f"print({_ADDRESS_LINE!r} + context.address_info['gcs_address'], flush=True)\n"
-    "sys.stdin.read()\n"
-    "ray.shutdown()\n"
-)
-
-
-def require_ray() -> ModuleType:
-    """The ray module, or MissingExtra naming the extra that brings it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingExtra(
-            f"isolation='ray' needs Ray, which is not installed ({exc}); it comes with skynet-dspy's [ray] extra: "
-            "pip install 'skynet-dspy[ray]'"
-        ) from None
-    return ray
-
 
 @dataclass(frozen=True)
 class RayCluster:
@@ -88,8 +52,11 @@ class RayCluster:
 
     Args:
         address: The cluster (as `ray.init(address=...)` takes it); None uses the Ray this process is already
-            connected to, else RAY_ADDRESS, else a local Ray started by the package (and stopped at close()).
-        workers_per_node: Metric worker processes on each node (calls in flight there); None: the node's CPUs.
+            connected to, else RAY_ADDRESS, else a local Ray running on this machine (`ray start --head`), else a
+            local Ray started by the package (and stopped at close()).
+        workers_per_node: Metric worker processes on each node at most (calls in flight there); None: as many as
+            the caller's threads need, up to the local pool's ceiling (32), as with isolation="process". Set it to
+            the nodes' CPUs for a CPU-bound metric.
         runtime_env: Ray's runtime_env for the node hosts (pip, env_vars, ...); the metric's folder is added as
             its working_dir when it has none. A credential in it is refused: keys stay on the driver.
     """
@@ -144,271 +111,6 @@ def _strings(value: Any, where: str) -> list[tuple[str, str]]:
     return []
 
 
-# -- the package's connection to Ray, shared by every metric of this process -----------------------
-
-
-class _Session:
-    """Connects to Ray for the first metric, and disconnects (stopping a local Ray it started) after the last."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.connected_here = False  # ray.init() was called by the package (so ray.shutdown() is ours to call)
-        self.helper: subprocess.Popen[str] | None = None  # the process owning a local Ray the package started
-        self.token = ""
-
-    def acquire(self, ray: ModuleType, address: str | None) -> None:
-        with self.lock:
-            if self.users == 0 and not ray.is_initialized():
-                address = address or os.environ.get("RAY_ADDRESS") or None
-                if address is None:
-                    address = self._start_local()
-                    _use_local_token()
-                try:
-                    ray.init(address=address, logging_level=logging.WARNING)
-                except BaseException:
-                    self._stop_local()
-                    raise
-                self.connected_here = True
-            elif address is not None and self.users == 0:
-                logger.warning("skynet-dspy: Ray is already connected in this process; RayCluster(address=%r) is "
-                               "not used (call ray.shutdown() first to reach another cluster)", address)
-            self.users += 1
-
-    def release(self, ray: ModuleType) -> None:
-        with self.lock:
-            self.users -= 1
-            if self.users > 0 or not self.connected_here:
-                return
-            self.connected_here = False
-            ray.shutdown()
-            self._stop_local()
-
-    def _start_local(self) -> str:
-        """Start a local Ray in a helper process with a credential-free environment; its GCS address."""
-        self.token = uuid.uuid4().hex
-        env = {**credential_free_environment(), tree.MARK: f"ray-{self.token}", "RAY_USAGE_STATS_ENABLED": "0",
-               # a setting, not a key (though its name says AUTH): the driver must connect in the same mode
-               "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-        self.helper = subprocess.Popen(
-            [sys.executable, "-c", _HELPER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )
-        found: list[str] = []
-        reader = threading.Thread(target=_read_address, args=(self.helper, found), daemon=True)
-        reader.start()
-        reader.join(START_TIMEOUT)
-        if not found:
-            code = self.helper.poll()
-            self._stop_local()
-            raise WorkerError(
-                "a local Ray could not be started for isolation='ray' ("
-                + (f"it exited with code {code}; its error output is above" if code is not None
-                   else f"not ready within {START_TIMEOUT:g} s")
-                + "); start one yourself with ray.init(), or give RayCluster(address=...)"
-            )
-        return found[0]
-
-    def _stop_local(self) -> None:
-        helper, self.helper = self.helper, None
-        if helper is None:
-            return
-        try:
-            if helper.stdin is not None:
-                helper.stdin.close()  # the helper calls ray.shutdown(), which stops what it started
-            helper.wait(60)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        tree.kill_descendants(helper.pid, f"ray-{self.token}")  # whatever outlived ray.shutdown(), wherever it moved
-        if helper.poll() is None:
-            helper.kill()
-            helper.wait()
-        if helper.stdout is not None:
-            helper.stdout.close()
-
-    @property
-    def local_token(self) -> str | None:
-        """The environment mark of every process of a local Ray the package started (None when it started none)."""
-        return f"ray-{self.token}" if self.helper is not None else None
-
-
-def _use_local_token() -> None:
-    """Connect to the local Ray just started with its token, as ray.init() does for a local Ray it finds.
-
-    Ray 2.60 starts a local cluster with token authentication (the token in ~/.ray/auth_token); connecting by
-    address turns it on only when RAY_AUTH_MODE says so, a setting Ray reads once per process. Ray's own function
-    for the local case (private API, checked against ray 2.60) sets both; without it, RAY_AUTH_MODE is set.
-    """
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-        return
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
-def _read_address(helper: subprocess.Popen[str], found: list[str]) -> None:
-    assert helper.stdout is not None
-    for line in helper.stdout:
-        if line.startswith(_ADDRESS_LINE):
-            found.append(line[len(_ADDRESS_LINE):].strip())
-            return
-
-
-_session = _Session()
-
-
-def local_ray_mark() -> str | None:
-    """`SKYNET_DSPY_WORKER`'s value on every process of the local Ray the package started, if it started one."""
-    return _session.local_token
-
-
-# -- on a node ----------------------------------------------------------------------------------
-
-
-class _Box:
-    __slots__ = ("event", "value")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: dict[str, Any] | None = None
-
-
-class _NodeCall:
-    """One call in progress on a node: its events for the driver, and its llm() requests awaiting an answer."""
-
-    def __init__(self) -> None:
-        self.events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self.waiting: dict[int, _Box] = {}
-        self.lock = threading.Lock()
-        self.ended = False
-        self.ids = itertools.count(1)
-
-
-class _NodeHost:
-    """The Ray actor on one node: the metric in the package's own worker pool, its llm() relayed to the driver."""
-
-    def __init__(self, source: bytes, timeout: float, feedback_limit: int, workers: int,
-                 recycle: dict[str, int | None] | None = None):
-        self._source = source
-        self._recycle = recycle or {}  # the node pool's max_calls / max_memory (worker_max_calls / _memory)
-        self._timeout = timeout
-        self._feedback_limit = feedback_limit
-        self._workers = workers
-        self._executor: Any = None
-        self._calls: dict[int, _NodeCall] = {}
-        self._lock = threading.Lock()
-
-    def load(self) -> bytes:
-        """Load the metric in the node's first worker process: what it found, or why it failed (plain values)."""
-        from .process import ProcessExecutor
-
-        try:
-            source = pickle.loads(self._source)
-            if isinstance(source, dict) and "module" in source:
-                import importlib
-
-                source = importlib.import_module(source["module"])
-            self._executor = ProcessExecutor(
-                source, self._timeout, self._feedback_limit, max_workers=self._workers,
-                max_calls=self._recycle.get("max_calls"), max_memory=self._recycle.get("max_memory"),
-            )
-        except FileNotFoundError as exc:
-            return wire.to_parent({"kind": "load_failed", "message": str(exc), "item": "not_found"})
-        except MetricLoadError as exc:
-            return wire.to_parent({"kind": "load_failed", "message": str(exc), "item": str(exc.item)})
-        except Exception as exc:  # noqa: BLE001 - the driver gets the reason in words, whatever it was
-            return wire.to_parent({"kind": "load_failed", "message": exception_text(exc), "item": None})
-        return wire.to_parent({"kind": "loaded", "info": wire.info_to_plain(self._executor.info),
-                               "node": _node_name(), "pid": os.getpid()})
-
-    def start(self, call_id: int, payload: bytes) -> bytes:
-        """Start one call (`payload`: the pickled CallRequest) and return its first event."""
-        request = pickle.loads(payload)
-        call = _NodeCall()
-        with self._lock:
-            self._calls[call_id] = call
-        threading.Thread(target=self._run, args=(call, request), name="skynet-ray-call", daemon=True).start()
-        return self.next_event(call_id)
-
-    def _run(self, call: _NodeCall, request: CallRequest) -> None:
-        def relay(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
-            box = _Box()
-            with call.lock:
-                if call.ended:
-                    raise LLMCallError("llm() was called after its metric call had ended")
-                request_id = next(call.ids)
-                call.waiting[request_id] = box
-            call.events.put({"kind": "llm", "request": request_id, "instructions": instructions, "input": input,
-                             "settings": wire.to_plain(settings)})
-            if not box.event.wait(self._timeout + DEADLINE_MARGIN) or box.value is None:
-                raise LLMCallError("llm() got no answer from the user's process before its metric call ended")
-            if "text" in box.value:
-                return str(box.value["text"])
-            error = box.value.get("error") or {}
-            kind = error.get("failure")
-            failure = Failure(kind) if kind in set(Failure) else Failure.JUDGE_ERROR
-            raise judge_error(failure, str(error.get("message")), error.get("status"), bool(error.get("refused")))
-
-        try:
-            outcome = self._executor.run(request, relay)
-        except Exception as exc:  # noqa: BLE001 - the driver gets an outcome whatever happened here
-            outcome = Outcome(failure=Failure.CRASHED, detail=f"the node's worker pool failed: {exception_text(exc)}")
-        with call.lock:
-            call.ended = True
-            waiting, call.waiting = call.waiting, {}
-        for box in waiting.values():
-            box.event.set()  # its value stays None: "no answer before the call ended"
-        call.events.put({"kind": "outcome", "outcome": wire.outcome_to_plain(outcome)})
-
-    def next_event(self, call_id: int) -> bytes:
-        """The call's next event: an llm() request, its outcome, or "pending" after a few seconds of neither."""
-        with self._lock:
-            call = self._calls.get(call_id)
-        if call is None:
-            return wire.to_parent({"kind": "unknown"})
-        try:
-            event = call.events.get(timeout=_POLL)
-        except queue.Empty:
-            return wire.to_parent({"kind": "pending"})
-        if event["kind"] == "outcome":
-            with self._lock:
-                self._calls.pop(call_id, None)
-        return wire.to_parent(event)
-
-    def llm_reply(self, call_id: int, request_id: int, reply: dict[str, Any]) -> None:
-        """The driver's answer to one llm() request of a call (dropped when the call has ended)."""
-        with self._lock:
-            call = self._calls.get(call_id)
-        if call is None:
-            return
-        with call.lock:
-            box = call.waiting.pop(request_id, None)
-        if box is not None:
-            box.value = reply
-            box.event.set()
-
-    def pids(self) -> dict[str, Any]:
-        """This host's process id and its metric workers' (for tests and for the curious)."""
-        workers = getattr(self._executor, "worker_pids", []) if self._executor is not None else []
-        return {"host": os.getpid(), "workers": list(workers), "node": _node_name()}
-
-    def stop(self) -> None:
-        """Stop the node's metric workers (calls in progress there end as failures)."""
-        if self._executor is not None:
-            self._executor.close()
-
-
-def _node_name() -> str:
-    try:
-        import ray
-
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # noqa: BLE001 - a name for messages only
-        return os.uname().nodename
-
 
 # -- on the driver ----------------------------------------------------------------------------------
 
@@ -433,12 +135,12 @@ class RayExecutor:
 
     def __init__(self, source: Any, timeout: float, feedback_limit: int, cluster: RayCluster,
                  workers: int | None = None, *, max_calls: int | None = None, max_memory: int | None = None):
-        self._ray = require_ray()
         self._recycle = {"max_calls": max_calls, "max_memory": max_memory}  # for each node's pool
         self.timeout = timeout
         self.feedback_limit = feedback_limit
         self.cluster = cluster
-        self._per_node = cluster.workers_per_node or workers
+        # calls in flight on a node at most: its pool grows to the calls it is sent, as a local one does
+        self._per_node = cluster.workers_per_node or workers or DEFAULT_MAX_WORKERS
         self._source, runtime_env = ship(source, cluster.runtime_env)
         self._deadline = 2 * timeout + DEADLINE_MARGIN
         self._cond = threading.Condition()
@@ -448,9 +150,9 @@ class RayExecutor:
         self._ids = itertools.count(1)
         self._placing = threading.Lock()
         self._refreshed = 0.0
-        _session.acquire(self._ray, cluster.address)
+        self._ray = session.acquire(cluster.address)
         try:
-            self._runtime_env = _uploaded(runtime_env)
+            self.runtime_env = uploaded(runtime_env)  # what the node hosts get (code uploaded: gcs:// URIs)
             first = self._place(initial=True)
         except BaseException:
             self.close()
@@ -460,14 +162,7 @@ class RayExecutor:
     # -- the hosts ---------------------------------------------------------------------------
 
     def _alive_nodes(self) -> list[tuple[str, int]]:
-        nodes = self._call(self._ray.nodes)
-        found = []
-        for node in nodes:
-            if not node.get("Alive"):
-                continue
-            cpus = (node.get("Resources") or {}).get("CPU") or 1
-            found.append((str(node["NodeID"]), int(self._per_node or max(1, math.floor(cpus)))))
-        return found
+        return [(str(node["NodeID"]), self._per_node) for node in self._call(self._ray.nodes) if node.get("Alive")]
 
     def _place(self, initial: bool = False) -> MetricInfo:
         """A host on every alive node without a live one; the metric's info (MetricLoadError when none loads)."""
@@ -477,7 +172,7 @@ class RayExecutor:
             self._refreshed = time.monotonic()
             with self._cond:
                 hosted = {host.node_id for host in self._hosts}
-            remote = self._ray.remote(_NodeHost)
+            remote = self._ray.remote(NodeHost)
             started = []
             for node_id, capacity in self._alive_nodes():
                 if node_id in hosted:
@@ -486,8 +181,8 @@ class RayExecutor:
                     "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2 * capacity + 4,
                     "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
                 }
-                if self._runtime_env:
-                    options["runtime_env"] = self._runtime_env
+                if self.runtime_env:
+                    options["runtime_env"] = self.runtime_env
                 actor = self._call(remote.options(**options).remote, self._source, self.timeout, self.feedback_limit,
                                    capacity, self._recycle)
                 host = _Host(actor, node_id, capacity, lost=True)  # lost (takes no call) until it has loaded
@@ -711,7 +406,7 @@ class RayExecutor:
             end = time.monotonic() + _STOP_WAIT
             while self._busy and time.monotonic() < end:  # calls in flight see their host die, and stop calling Ray
                 self._cond.wait(0.1)
-        _session.release(self._ray)
+        session.release(self._ray)
 
     def host_pids(self) -> list[dict[str, Any]]:
         """Each live host's process id, node and metric workers' process ids (for tests and for the curious)."""
@@ -748,113 +443,3 @@ def _ray_failure(exc: BaseException) -> str:
     """A Ray error in one line (its full text holds a remote traceback)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
-
-
-# -- what travels to the nodes --------------------------------------------------------------------
-
-
-def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
-    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there.
-
-    A metric file: its folder becomes the working_dir (unless one is given, which must then hold the file),
-    and the node loads it by its path there. A module: by name, its top package shipped with py_modules when
-    it is the user's own code. A `score` function: by value (cloudpickle), as to a local worker process; its
-    module's folder is the working_dir when the function is pickled by reference from a file of the user's.
-    """
-    import cloudpickle
-
-    env = dict(runtime_env or {})
-    if isinstance(source, (str, Path)):
-        path = Path(source).expanduser().resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"metric file not found: {source}")
-        return pickle.dumps(_relative_to_working_dir(path, env)), env
-    if isinstance(source, ModuleType):
-        file = getattr(source, "__file__", None)
-        top = sys.modules.get(source.__name__.partition(".")[0])
-        if source.__name__ == "__main__" or file is None:
-            source = getattr(source, "score", source)  # sent by value below
-        elif top is not None and getattr(top, "__path__", None) and _users_own(file):
-            env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
-            return pickle.dumps({"module": source.__name__}), env
-        elif _users_own(file):
-            return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env)), env
-        else:
-            return pickle.dumps({"module": source.__name__}), env  # installed on the nodes as on this machine
-    module = sys.modules.get(getattr(source, "__module__", None) or "")
-    file = getattr(module, "__file__", None)
-    if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
-        env["working_dir"] = str(_import_root(module.__name__, Path(file).resolve()))
-    try:
-        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env
-    except Exception as exc:
-        raise MetricLoadError(
-            f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
-            f"({exception_text(exc)}); define score in a metric.py and load that file"
-        ) from None
-
-
-def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
-    """The runtime_env with its local working_dir and py_modules uploaded to the cluster (gcs:// URIs).
-
-    Ray uploads local folders only for a runtime_env given to ray.init(), and the package may be joining a Ray
-    the user already started: so it uploads them itself with the functions ray.init() uses (private API of ray,
-    checked against 2.60), respecting .gitignore/.rayignore and `excludes` as ray.init() does.
-    """
-    if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
-        return runtime_env
-    import tempfile
-
-    try:
-        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
-    except ImportError as exc:
-        raise WorkerError(
-            f"this version of Ray lacks what skynet-dspy uses to ship the metric's code ({exc}; checked against ray "
-            "2.60): pip install 'skynet-dspy[ray]' to get a Ray it knows"
-        ) from None
-
-    include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    with tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
-        env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=include_gitignore, scratch_dir=scratch,
-                                          logger=logger)
-        env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
-                                           logger=logger)
-    env.pop("excludes", None)
-    return env
-
-
-def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
-    """The metric file's path on a node: relative to the working_dir it travels in."""
-    given = env.get("working_dir")
-    if given is None:
-        env["working_dir"] = str(path.parent)
-        return path.name
-    if not isinstance(given, (str, Path)) or "://" in str(given):
-        raise ValueError(
-            "runtime_env['working_dir'] is a remote package, so the metric file cannot be found in it; give a local "
-            "folder holding the metric file, or leave working_dir out (the metric's folder is shipped)"
-        )
-    folder = Path(given).expanduser().resolve()
-    try:
-        return str(path.relative_to(folder))
-    except ValueError:
-        raise ValueError(
-            f"the metric file {path} is not inside runtime_env['working_dir'] ({folder}), so it would not reach the "
-            "nodes; move it there, or leave working_dir out (the metric's folder is shipped)"
-        ) from None
-
-
-def _import_root(name: str, file: Path) -> Path:
-    """The folder from which `import name` finds `file` (for a.b in /x/a/b.py: /x)."""
-    depth = name.count(".") + 1 + (file.name == "__init__.py")
-    return file.parents[depth - 1] if depth <= len(file.parents) else file.parent
-
-
-def _users_own(file: str) -> bool:
-    """Whether a module file is the user's code (not the standard library or an installed package)."""
-    import sysconfig
-
-    resolved = str(Path(file).resolve())
-    installed = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return not any(resolved.startswith(str(Path(folder).resolve()) + os.sep) for folder in installed)

@@ -214,6 +214,46 @@ def test_llm_is_served_by_the_driver_and_no_credential_reaches_the_metric(local_
         assert not [name for name in seen.extra["env"] if name in ("OPENAI_API_KEY", "SKYNET_TEST_RAY_API_KEY")]
 
 
+JUDGED_METRIC = """
+from skynet import llm
+def score(input, output, expected=None):
+    verdict = str(llm("Answer PASS or FAIL.", input=str(output)))
+    return (1.0 if verdict.startswith("PASS") else 0.0), {"feedback": verdict}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_calls_in_flight_follow_the_callers_threads_up_to_workers_per_node(local_ray, server, tmp_path):
+    """dspy.Evaluate(num_threads=8) with a judge-bound metric: 8 calls in flight on a 2-CPU node by default (the
+    judge sees 8 requests at once); workers_per_node=2 caps them at 2 per node."""
+    lock = threading.Lock()
+    at_once = {"now": 0, "most": 0}
+
+    def responder(request):
+        with lock:
+            at_once["now"] += 1
+            at_once["most"] = max(at_once["most"], at_once["now"])
+        time.sleep(0.5)
+        with lock:
+            at_once["now"] -= 1
+        return "PASS: fine"
+
+    server.responder = responder
+    judge = {"model": "openai/judge", "api_base": server.url, "api_key": "judge-key-0123456789"}
+    path = write_metric(tmp_path, JUDGED_METRIC)
+    assert local_ray.cluster_resources()["CPU"] == 2 and len(local_ray.nodes()) == 1
+    most = {}
+    for name, cluster in (("default", RayCluster()), ("capped", RayCluster(workers_per_node=2))):
+        at_once["most"] = 0
+        devset = [dspy.Example(case=str(i), answer=f"{name} {i}").with_inputs("case", "answer") for i in range(48)]
+        with skynet_dspy.load_metric(path, isolation=cluster, metric_lm=judge) as metric:
+            result = dspy.Evaluate(devset=devset, metric=metric, num_threads=8, display_progress=False)(Echo())
+            assert [float(score) for _, _, score in result.results] == [1.0] * 48
+        most[name] = at_once["most"]
+    assert most == {"default": 8, "capped": 2}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_gepa_with_ray_gives_the_result_of_the_default(local_ray, server, lm):
@@ -284,21 +324,55 @@ def _alive(pid: int) -> bool:
         return False
 
 
+FOLDER_METRIC = """
+import os
+def score(input, output, expected=None):
+    shipped = sorted(os.path.relpath(os.path.join(folder, name), ".") for folder, _, names in os.walk(".")
+                     for name in names)
+    mark = "sk-" + "canary"  # not the text itself: this file travels in the package searched for it
+    holds = [name for name in shipped if mark in open(name, errors="replace").read()]
+    values = "\\0".join(os.environ.values())
+    return 1.0, {"feedback": "ok", "env": sorted(os.environ), "canary_seen": mark in values,
+                 "shipped": shipped, "holding_the_key": holds}
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_a_local_ray_the_package_starts_has_no_keys_and_is_gone_after_close(tmp_path):
-    path = write_metric(tmp_path, ENV_METRIC)
-    found = _run(f"""
-        import json, os, time
+def test_a_local_ray_the_package_starts_is_quiet_keeps_keys_home_and_is_gone_after_close(tmp_path):
+    """The user's command line and environment hold a key, and a .env beside metric.py too: it reaches neither the
+    nodes nor Ray's job and actor tables nor the uploaded package; nothing is printed; nothing is left."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    path = write_metric(folder, FOLDER_METRIC)
+    (folder / ".env").write_text(f"OPENAI_API_KEY={CANARY}\n")
+    (folder / "deploy.pem").write_text(f"-----BEGIN PRIVATE KEY-----\n{CANARY}\n")
+    (folder / "id_ed25519").write_text(CANARY)
+    (folder / "id_helpers.py").write_text("WORD = 'kept'\n")  # code named id_*.py travels
+    out = tmp_path / "found.json"
+    code = textwrap.dedent(f"""
+        import json, os, sys, time
         import ray, skynet_dspy
-        from skynet_dspy._core.isolation import ray_cluster, tree
+        from skynet_dspy._core.isolation import ray_session, tree
+        MARK = ("sk-" + "canary").encode()  # not the text itself: this command line is searched for it
         assert not ray.is_initialized()
         metric = skynet_dspy.load_metric({str(path)!r}, isolation="ray")
         result = metric.score({{}}, 1)
         [host] = metric.scorer.executor.host_pids()
         with open(f"/proc/{{host['host']}}/environ", "rb") as file:
             host_env = file.read()
-        started = tree.marked(ray_cluster.local_ray_mark())
+        started = tree.marked(ray_session.local_ray_mark())
+        folder, helper = ray_session.session.folder, ray_session.session.helper.pid
+        # Ray's own records: the job table (the command line it shows as the job's entrypoint, its config and
+        # runtime_env) and the actor table (names, runtime_envs), as the GCS holds them; the package uploaded
+        from ray._private import state
+        from ray.core.generated import gcs_pb2
+        from ray.experimental import internal_kv
+        jobs = [str(gcs_pb2.JobTableData.FromString(entry)) for entry in
+                state.state._connect_and_get_accessor().get_job_table(skip_submission_job_info_field=False,
+                                                                      skip_is_running_tasks_field=True)]
+        actors = json.dumps(state.actors(), default=str)
+        package = internal_kv._internal_kv_get(metric.scorer.executor.runtime_env["working_dir"]) or b""
         metric.close()
         connected_after = ray.is_initialized()
         try:
@@ -307,19 +381,39 @@ def test_a_local_ray_the_package_starts_has_no_keys_and_is_gone_after_close(tmp_
         except skynet_dspy.WorkerError as exc:
             again = str(exc)
         time.sleep(2)
-        print(json.dumps({{"ok": result.ok, "canary": result.extra["canary_seen"], "env": result.extra["env"],
-                          "host_env_has_canary": b"sk-canary" in host_env, "host": host["host"],
-                          "workers": host["workers"], "started": started, "connected_after": connected_after,
-                          "again": again, "initialized_later": ray.is_initialized(),
-                          "left": [pid for pid in started + host["workers"] if os.path.exists(f"/proc/{{pid}}")]}}))
-    """, OPENAI_API_KEY=CANARY, SKYNET_TEST_RAY_API_KEY=CANARY)
+        with open({str(out)!r}, "w") as file:
+            json.dump({{"ok": result.ok, "canary": result.extra["canary_seen"], "env": result.extra["env"],
+                       "shipped": result.extra["shipped"], "holding_the_key": result.extra["holding_the_key"],
+                       "host_env_has_canary": MARK in host_env, "host": host["host"],
+                       "workers": host["workers"], "started": started, "connected_after": connected_after,
+                       "again": again, "initialized_later": ray.is_initialized(), "folder": folder,
+                       "pids": [os.getpid(), helper],
+                       "jobs": jobs, "actors": actors, "package_size": len(package),
+                       "package_has_key": MARK in package, "argv": sys.argv,
+                       "left": [pid for pid in started + host["workers"] if os.path.exists(f"/proc/{{pid}}")]}}, file)
+    """)
+    command = [sys.executable, "-c", code, "--api-key", CANARY, f"--token={CANARY}", "--max-tokens", "4096"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env={**os.environ, "OPENAI_API_KEY": CANARY, "SKYNET_TEST_RAY_API_KEY": CANARY})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (done.stdout, done.stderr) == ("", "")  # nothing from Ray on the user's terminal
+    found = json.loads(out.read_text())
+    assert CANARY in found["argv"]  # the key was on the command line...
+    assert [job for job in found["jobs"] if "--api-key *** --token=*** --max-tokens 4096" in job]  # masked, once
+    assert not [job for job in found["jobs"] if "sk-canary" in job] and "sk-canary" not in found["actors"]
     assert found["ok"] and not found["canary"] and "OPENAI_API_KEY" not in found["env"]
+    assert "metric.py" in found["shipped"] and "id_helpers.py" in found["shipped"]
+    assert not {".env", "deploy.pem", "id_ed25519"} & set(found["shipped"]) and found["holding_the_key"] == []
+    assert found["package_size"] > 0 and not found["package_has_key"]
     assert not found["host_env_has_canary"]  # the node host, a Ray worker, was started without the keys
     assert found["host"] in found["started"] and len(found["started"]) >= 4  # GCS, raylet, workers, the host...
     assert not found["connected_after"] and not found["initialized_later"]  # nothing restarted Ray
     assert "closed" in found["again"]
     assert found["left"] == []
     assert not [pid for pid in found["started"] + found["workers"] if _alive(pid)]
+    assert not os.path.exists(found["folder"])  # the local Ray's folder (its session folder) is gone
+    left = os.listdir("/tmp/ray") if os.path.isdir("/tmp/ray") else []  # Ray's default folder: nothing of ours
+    assert not [name for name in left if name.rpartition("_")[2] in map(str, found["pids"])]
 
 
 @pytest.mark.slow

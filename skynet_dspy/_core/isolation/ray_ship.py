@@ -1,0 +1,162 @@
+"""What travels to the nodes of isolation="ray": how a node finds the metric, and the code shipped with it.
+
+A metric file travels with its folder (Ray's runtime_env `working_dir`), a package of the user's as
+`py_modules`, a `score` defined in a notebook by value (cloudpickle). Files that hold keys are left out of
+what is uploaded (`SECRET_FILES`, before the user's own `excludes`, which may re-include one with `!name`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import MetricLoadError, WorkerError
+from ..logs import logger
+from ..values import exception_text
+from . import wire
+
+# Left out of every uploaded working_dir and py_modules (gitignore patterns, as Ray's `excludes`): files that
+# hold keys by their name. The user's `excludes` come after, so `"!.env"` there ships a .env all the same.
+SECRET_FILES = (
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_*", "!id_*.py", "credentials", "credentials.*",
+    "*credentials*.json", "client_secret*.json", "*service-account*.json", "secrets.toml", "secrets.yaml",
+    "secrets.yml", "secrets.json", "*.tfvars", ".aws/", ".ssh/", ".gnupg/", ".docker/", ".kube/",
+)
+
+def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
+    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there.
+
+    A metric file: its folder becomes the working_dir (unless one is given, which must then hold the file),
+    and the node loads it by its path there. A module: by name, its top package shipped with py_modules when
+    it is the user's own code. A `score` function: by value (cloudpickle), as to a local worker process; its
+    module's folder is the working_dir when the function is pickled by reference from a file of the user's.
+    """
+    import cloudpickle
+
+    env = dict(runtime_env or {})
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"metric file not found: {source}")
+        return pickle.dumps(_relative_to_working_dir(path, env)), env
+    if isinstance(source, ModuleType):
+        file = getattr(source, "__file__", None)
+        top = sys.modules.get(source.__name__.partition(".")[0])
+        if source.__name__ == "__main__" or file is None:
+            source = getattr(source, "score", source)  # sent by value below
+        elif top is not None and getattr(top, "__path__", None) and _users_own(file):
+            env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
+            return pickle.dumps({"module": source.__name__}), env
+        elif _users_own(file):
+            return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env)), env
+        else:
+            return pickle.dumps({"module": source.__name__}), env  # installed on the nodes as on this machine
+    module = sys.modules.get(getattr(source, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
+        env["working_dir"] = str(_import_root(module.__name__, Path(file).resolve()))
+    try:
+        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env
+    except Exception as exc:
+        raise MetricLoadError(
+            f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
+            f"({exception_text(exc)}); define score in a metric.py and load that file"
+        ) from None
+
+
+def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """The runtime_env with its local working_dir and py_modules uploaded to the cluster (gcs:// URIs).
+
+    Ray uploads local folders only for a runtime_env given to ray.init(), and the package may be joining a Ray
+    the user already started: so it uploads them itself with the functions ray.init() uses (private API of ray,
+    checked against 2.60), respecting .gitignore/.rayignore and `excludes` as ray.init() does; SECRET_FILES first.
+    """
+    if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
+        return runtime_env
+    runtime_env = {**runtime_env, "excludes": [*SECRET_FILES, *(runtime_env.get("excludes") or ())]}
+    import tempfile
+
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    except ImportError as exc:
+        raise WorkerError(
+            f"this version of Ray lacks what skynet-dspy uses to ship the metric's code ({exc}; checked against ray "
+            "2.60): pip install 'skynet-dspy[ray]' to get a Ray it knows"
+        ) from None
+
+    include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
+    with _pin_lock, tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
+        pin = os.environ.get(_PIN_VARIABLE)
+        if _through_ray_client():
+            # Ray Client 2.60 proxies the upload's "pin this package" call to a server that lacks it (the call
+            # never returns): the package is not pinned; the node hosts created next hold it instead
+            os.environ[_PIN_VARIABLE] = "0"
+        try:
+            env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=include_gitignore,
+                                              scratch_dir=scratch, logger=logger)
+            env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
+                                               logger=logger)
+        finally:
+            if pin is None:
+                os.environ.pop(_PIN_VARIABLE, None)
+            else:
+                os.environ[_PIN_VARIABLE] = pin
+    env.pop("excludes", None)
+    return env
+
+
+_PIN_VARIABLE = "RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S"  # Ray's setting: how long an upload is pinned
+_pin_lock = threading.Lock()
+
+
+def _through_ray_client() -> bool:
+    try:
+        from ray.util import client
+    except ImportError:
+        return False
+    connected: Any = client.ray.is_connected
+    return bool(connected())
+
+
+def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
+    """The metric file's path on a node: relative to the working_dir it travels in."""
+    given = env.get("working_dir")
+    if given is None:
+        env["working_dir"] = str(path.parent)
+        return path.name
+    if not isinstance(given, (str, Path)) or "://" in str(given):
+        raise ValueError(
+            "runtime_env['working_dir'] is a remote package, so the metric file cannot be found in it; give a local "
+            "folder holding the metric file, or leave working_dir out (the metric's folder is shipped)"
+        )
+    folder = Path(given).expanduser().resolve()
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        raise ValueError(
+            f"the metric file {path} is not inside runtime_env['working_dir'] ({folder}), so it would not reach the "
+            "nodes; move it there, or leave working_dir out (the metric's folder is shipped)"
+        ) from None
+
+
+def _import_root(name: str, file: Path) -> Path:
+    """The folder from which `import name` finds `file` (for a.b in /x/a/b.py: /x)."""
+    depth = name.count(".") + 1 + (file.name == "__init__.py")
+    return file.parents[depth - 1] if depth <= len(file.parents) else file.parent
+
+
+def _users_own(file: str) -> bool:
+    """Whether a module file is the user's code (not the standard library or an installed package)."""
+    import sysconfig
+
+    resolved = str(Path(file).resolve())
+    installed = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return not any(resolved.startswith(str(Path(folder).resolve()) + os.sep) for folder in installed)

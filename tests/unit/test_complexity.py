@@ -16,7 +16,6 @@ MAX_LINES = 600
 
 LEFT: dict[str, int] = {
     "_cli.py:_score": 18,
-    "_dspy/optimize.py:gepa": 19,
     "_core/loading.py:_takes_expected": 17,
     "_core/call.py:type_name": 22,
     "_core/isolation/wire.py:_plain": 22,

@@ -15,7 +15,6 @@ MAX_COMPLEXITY = 15
 MAX_LINES = 600
 
 LEFT: dict[str, int] = {
-    "_core/loading.py:_takes_expected": 17,
     "_core/call.py:type_name": 22,
     "_core/isolation/wire.py:_plain": 22,
     "_core/isolation/template.py:main": 23,

@@ -35,7 +35,7 @@ from ._core.options import (  # noqa: E402
     OutputOptions,
     ScoringOptions,
 )
-from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result  # noqa: E402
+from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result, Usage  # noqa: E402
 from .errors import (  # noqa: E402
     ContractViolation,
     DataError,
@@ -152,6 +152,7 @@ __all__ = [
     "ScoringOptions",
     "SkynetDspyError",
     "SpendCapReached",
+    "Usage",
     "WorkerError",
     "check_contract",
     "configure_llm",

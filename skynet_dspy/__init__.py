@@ -35,7 +35,7 @@ from ._core.options import (  # noqa: E402
     OutputOptions,
     ScoringOptions,
 )
-from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result  # noqa: E402
+from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result, Usage  # noqa: E402
 from .errors import (  # noqa: E402
     ContractViolation,
     DataError,
@@ -57,8 +57,9 @@ helpers = skynet  # the older name of the same module
 if TYPE_CHECKING:
     from ._check import CheckItem, ContractReport, check_contract
     from ._core.isolation.ray_cluster import RayCluster
-    from ._dspy.metric import Metric, Score, load_metric
+    from ._dspy.metric import Metric, load_metric
     from ._dspy.optimize import gepa
+    from ._dspy.score import Score
     from ._gepa import Evaluator, make_evaluator, optimize_anything, split_row
     from ._judge import Endpoint, Judge, configure_llm
     from ._results import CostReceipt, OptimizationReport, log_to_mlflow, report, results_frame
@@ -69,7 +70,7 @@ _LAZY = {
     "ContractReport": "._check",
     "check_contract": "._check",
     "Metric": "._dspy.metric",
-    "Score": "._dspy.metric",
+    "Score": "._dspy.score",
     "load_metric": "._dspy.metric",
     "gepa": "._dspy.optimize",
     "Evaluator": "._gepa",
@@ -151,6 +152,7 @@ __all__ = [
     "ScoringOptions",
     "SkynetDspyError",
     "SpendCapReached",
+    "Usage",
     "WorkerError",
     "check_contract",
     "configure_llm",

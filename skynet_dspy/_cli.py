@@ -292,13 +292,7 @@ def _score(args: argparse.Namespace) -> int:
     from .errors import MetricLoadError, RewardSpecError, WorkerError
 
     options = _metric_options(args)
-    kind = None
-    if args.out is not None:
-        kind = {".csv": "csv", ".jsonl": "jsonl"}.get(args.out.suffix.lower())
-        if kind is None:
-            raise UsageError(f"--out {args.out}: write the rows to a .csv or a .jsonl file")
-        if args.out.is_dir() or not args.out.parent.is_dir():
-            raise UsageError(f"--out {args.out}: no such folder to write the file in")
+    kind = _out_kind(args.out)
     cases = [parse_case(row, args.inputs) for row in read_jsonl(args.data, args.inputs)]
     try:
         metric = load_metric(args.metric, **{**options, "measure": False, "workers": args.threads})
@@ -320,10 +314,8 @@ def _score(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
-        kept = rows.count if rows is not None else 0
-        where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
-        print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
-                           f"interrupt{where if kept else ''}"), file=sys.stderr)
+        print(for_terminal(_interrupted(rows.count if rows is not None else 0, len(cases), args.out)),
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # standard output's reader went away: main() says so
@@ -340,6 +332,25 @@ def _score(args: argparse.Namespace) -> int:
     where = f"; rows in {args.out}" if args.out is not None else ""
     print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)
     return EXIT_BROKEN if summary.failed else EXIT_OK
+
+
+def _out_kind(out: Path | None) -> str | None:
+    """The --out file's format ("csv" or "jsonl"; None: standard output), or a UsageError for a file not writable."""
+    if out is None:
+        return None
+    kind = {".csv": "csv", ".jsonl": "jsonl"}.get(out.suffix.lower())
+    if kind is None:
+        raise UsageError(f"--out {out}: write the rows to a .csv or a .jsonl file")
+    if out.is_dir() or not out.parent.is_dir():
+        raise UsageError(f"--out {out}: no such folder to write the file in")
+    return kind
+
+
+def _interrupted(kept: int, total: int, out: Path | None) -> str:
+    """What score says when interrupted: how many cases were scored, and where their rows are."""
+    where = f"; they are in {out}" if out is not None else " (written to standard output)"
+    return (f"skynet-dspy score: interrupted: {kept} of {total} case(s) scored before the "
+            f"interrupt{where if kept else ''}")
 
 
 class _StdoutRows:

@@ -216,6 +216,16 @@ def check_min_agreement(value: Any) -> float:
 def agreement(runs: list[CaseRun], labels: list[HumanLabel | None], min_agreement: float) -> Agreement:
     """The metric's score on each case's own output (its first run) beside the person's, per score name."""
     found = Agreement(min_agreement, labels=labels[:len(runs)])
+    pairs = _pairs(runs, labels, found)
+    found.figures = [_figures(name, compared) for name, compared in pairs.items()]
+    differing = [pair for compared in pairs.values() for pair in compared if pair.difference > 0]
+    found.disagreements = sorted(differing, key=lambda pair: -pair.difference)[:SHOWN_DISAGREEMENTS]
+    return found
+
+
+def _pairs(runs: list[CaseRun], labels: list[HumanLabel | None], found: Agreement) -> dict[str, list[Disagreement]]:
+    """Metric and person side by side per score name, over the labelled cases whose call succeeded (counted in
+    `found`)."""
     pairs: dict[str, list[Disagreement]] = {}
     for number, (run, label) in enumerate(zip(runs, labels, strict=False), 1):
         if label is None:
@@ -230,18 +240,18 @@ def agreement(runs: list[CaseRun], labels: list[HumanLabel | None], min_agreemen
         for name, (metric, person) in given.items():
             if metric is not None and person is not None:
                 pairs.setdefault(name, []).append(Disagreement(number, name, metric, person, result.feedback))
-    for name, compared in pairs.items():
-        metric_side = [pair.metric for pair in compared]
-        person_side = [pair.person for pair in compared]
-        few_levels = len(set(metric_side) | set(person_side)) <= KAPPA_LEVELS
-        found.figures.append(Figures(
-            name, len(compared), spearman(metric_side, person_side),
-            cohen_kappa(metric_side, person_side) if few_levels else None,
-            math.fsum(pair.difference for pair in compared) / len(compared),
-        ))
-    differing = [pair for compared in pairs.values() for pair in compared if pair.difference > 0]
-    found.disagreements = sorted(differing, key=lambda pair: -pair.difference)[:SHOWN_DISAGREEMENTS]
-    return found
+    return pairs
+
+
+def _figures(name: str, compared: list[Disagreement]) -> Figures:
+    metric_side = [pair.metric for pair in compared]
+    person_side = [pair.person for pair in compared]
+    few_levels = len(set(metric_side) | set(person_side)) <= KAPPA_LEVELS
+    return Figures(
+        name, len(compared), spearman(metric_side, person_side),
+        cohen_kappa(metric_side, person_side) if few_levels else None,
+        math.fsum(pair.difference for pair in compared) / len(compared),
+    )
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -289,7 +299,18 @@ def agreement_item(found: Agreement) -> CheckItem:
         status = Status.WARNING if rough else Status.PASSED
         return CheckItem(name, status, f"agrees with the person's scores (at least {found.min_agreement:g}): "
                                        f"{figures}{rough}")
-    inverted = [f.name for f in low if f.agreement is not None and f.agreement <= -found.min_agreement]
+    advice = _advice(low, found.min_agreement)
+    return CheckItem(
+        name, Status.WARNING,
+        f"agreement below {found.min_agreement:g} on {', '.join(f.name for f in low)}: {figures}. "
+        f"{'; '.join(advice)} (docs/trustworthy.md){rough}",
+    )
+
+
+def _advice(low: list[Figures], min_agreement: float) -> list[str]:
+    """What to do about the scores whose agreement is low: an inverted metric, one that cannot be measured, and
+    the cases to read."""
+    inverted = [f.name for f in low if f.agreement is not None and f.agreement <= -min_agreement]
     undefined = [f.name for f in low if f.agreement is None]
     advice = []
     if inverted:
@@ -300,11 +321,7 @@ def agreement_item(found: Agreement) -> CheckItem:
                       "cases of both kinds")
     advice.append("read the cases where they differ most (below) beside the metric's feedback, and improve the "
                   "judge prompt or the scoring there")
-    return CheckItem(
-        name, Status.WARNING,
-        f"agreement below {found.min_agreement:g} on {', '.join(f.name for f in low)}: {figures}. "
-        f"{'; '.join(advice)} (docs/trustworthy.md){rough}",
-    )
+    return advice
 
 
 def _figure(value: float | None) -> str:

@@ -313,30 +313,12 @@ def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
 
 def _takes_expected(score: Callable[..., Any], name: str) -> bool:
     """True for score(input, output, expected), False for score(input, output); else MetricLoadError."""
-    try:
-        signature = inspect.signature(score)
-    except (TypeError, ValueError) as exc:
-        raise MetricLoadError(
-            f"{name}: cannot read the parameters of score ({exc}). Define `{_SCORE_EXAMPLE}` in Python.",
-            Item.SIGNATURE,
-        ) from None
+    signature = _signature(score, name)
     params = signature.parameters.values()
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
-    required_keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
     shown = f"score{signature}"
-    if any(p.name == "expected" and p.kind is p.KEYWORD_ONLY for p in params):
-        raise MetricLoadError(
-            f"{name}: {shown} takes `expected` as keyword-only, but it is passed by position. "
-            f"Define `{_SCORE_EXAMPLE}`.",
-            Item.SIGNATURE,
-        )
-    if required_keywords:
-        raise MetricLoadError(
-            f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)}, which are never "
-            f"passed. Define `{_SCORE_EXAMPLE}`.",
-            Item.SIGNATURE,
-        )
+    _check_keywords(signature, shown, name)
     if has_varargs and len(positional) <= 3:
         return True
     if len(positional) == 2:
@@ -349,6 +331,35 @@ def _takes_expected(score: Callable[..., Any], name: str) -> bool:
         f"(input, output, expected). Define `{_SCORE_EXAMPLE}`.",
         Item.SIGNATURE,
     )
+
+
+def _signature(score: Callable[..., Any], name: str) -> inspect.Signature:
+    """score's signature, or a MetricLoadError when it cannot be read (some builtins and extension functions)."""
+    try:
+        return inspect.signature(score)
+    except (TypeError, ValueError) as exc:
+        raise MetricLoadError(
+            f"{name}: cannot read the parameters of score ({exc}). Define `{_SCORE_EXAMPLE}` in Python.",
+            Item.SIGNATURE,
+        ) from None
+
+
+def _check_keywords(signature: inspect.Signature, shown: str, name: str) -> None:
+    """No keyword-only parameter score would need: `expected` is passed by position, and nothing else is passed."""
+    params = signature.parameters.values()
+    if any(p.name == "expected" and p.kind is p.KEYWORD_ONLY for p in params):
+        raise MetricLoadError(
+            f"{name}: {shown} takes `expected` as keyword-only, but it is passed by position. "
+            f"Define `{_SCORE_EXAMPLE}`.",
+            Item.SIGNATURE,
+        )
+    required_keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if required_keywords:
+        raise MetricLoadError(
+            f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)}, which are never "
+            f"passed. Define `{_SCORE_EXAMPLE}`.",
+            Item.SIGNATURE,
+        )
 
 
 def _code_file(fn: Any) -> str | None:

@@ -158,8 +158,16 @@ class _Counts:
 class Usage(_Counts):
     """What some model calls used: calls, tokens, USD cost (None when a price is unknown) and seconds.
 
-    One type for the program's runs, the judge and the reflection model: `a + b` adds two, `after - before`
-    is what was spent between two readings.
+    One type for the program's runs, the judge and the reflection model (their `.usage`, and a receipt's
+    `total`): `a + b` adds two, `after - before` is what was spent between two readings.
+
+    Attributes:
+        calls: Model calls (for the judge: HTTP requests sent, retries included).
+        prompt_tokens: Prompt tokens of the calls.
+        completion_tokens: Completion tokens of the calls.
+        cost_usd: USD cost; None when the price of any call is unknown.
+        seconds: Time the calls took.
+        total_tokens: prompt_tokens + completion_tokens.
     """
 
     calls: int = 0
@@ -178,19 +186,32 @@ class Observation:
     """The program's measured run on the example being scored (read-only).
 
     A figure is None when it could not be measured; `unmeasured_reason` (the whole run) and
-    `cost_unknown_reason` (the cost alone, e.g. a model with no known price) say why.
+    `cost_unknown_reason` (the cost alone, e.g. a model with no known price) say why. A model call answered
+    from DSPy's or LiteLLM's cache is measured as the call it replays: the tokens, cost and latency it had when
+    first made (so a cached run scores as the run it replays); the cached_* figures are the part of the totals
+    that was replayed, not spent now.
+
+    Attributes:
+        run_ms: Wall time of the program's run on the example, in milliseconds.
+        cost_usd: USD cost of the run's model calls (0.0 when it made none).
+        model_calls: Model calls the run made, those answered from a cache included.
+        prompt_tokens: Prompt tokens of the run's model calls.
+        completion_tokens: Completion tokens of the run's model calls.
+        cost_unknown_reason: Why `cost_usd` is None while the run was measured (e.g. a model with no known price).
+        unmeasured_reason: Why the run was not measured; None when it was.
+        cached_calls: Of model_calls, those answered from DSPy's or LiteLLM's cache.
+        cached_prompt_tokens: Of prompt_tokens, those of the calls answered from a cache.
+        cached_completion_tokens: Of completion_tokens, those of the calls answered from a cache.
+        cached_cost_usd: Of cost_usd, that of the calls answered from a cache.
     """
 
-    run_ms: float | None  # wall time of the program's run on the example, milliseconds
-    cost_usd: float | None  # USD cost of the run's model calls (0.0 when it made none)
-    model_calls: int | None = None  # model calls the run made, those answered from a cache included
+    run_ms: float | None
+    cost_usd: float | None
+    model_calls: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_unknown_reason: str | None = None
     unmeasured_reason: str | None = None
-    # Of model_calls, those answered from DSPy's or LiteLLM's cache. Each is measured as the call it replays:
-    # the tokens, cost and latency it had when first made (so a cached run scores as the run it replays);
-    # the cached_* figures are the part of the totals above that was replayed, not spent now.
     cached_calls: int | None = None
     cached_prompt_tokens: int = 0
     cached_completion_tokens: int = 0
@@ -224,12 +245,22 @@ class Observation:
 class ProgramUsage(_Counts):
     """What the program's measured runs that a metric scored used, added up: the program's side of a receipt.
 
-    `runs` counts the scored calls given a measured run (`unmeasured` those given an observation saying
-    the run was not measured). `cost_usd` adds up the runs whose cost is known; `unpriced` counts the others.
+    `a + b` and `after - before` work field by field; `.usage` gives the figures as a Usage.
+
+    Attributes:
+        runs: Scored calls given a measured run.
+        model_calls: Model calls made now: a call answered from a cache is in cached_calls instead.
+        prompt_tokens: Prompt tokens of the calls made now.
+        completion_tokens: Completion tokens of the calls made now.
+        cost_usd: USD cost of the runs whose cost is known.
+        unpriced: Runs whose cost is unknown (a model with no known price): not in cost_usd.
+        run_ms: Wall time of the runs added up, in milliseconds.
+        unmeasured: Scored calls given an observation saying the run was not measured.
+        cached_calls: Model calls answered from DSPy's or LiteLLM's cache (nothing spent now).
     """
 
     runs: int = 0
-    model_calls: int = 0  # calls made now: a call answered from a cache is in cached_calls instead
+    model_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0

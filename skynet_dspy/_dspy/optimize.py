@@ -79,6 +79,29 @@ def gepa(
             "skynet_dspy.gepa() needs reflection_lm=: the model that writes new instructions, e.g. "
             "'openai/gpt-4o' or dspy.LM('openai/gpt-4o', api_key=...)"
         )
+    metric_settings, gepa_settings = _sorted_options(metric_options, options)
+    _check_budget_given(gepa_settings)
+    reflection = as_dspy_lm(reflection_lm)
+    if isinstance(metric, Metric):
+        loaded = _with_loaded(metric, metric_settings, gepa_settings, metric_lm, reflection)
+    else:
+        loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)
+        gepa_settings.setdefault("failure_score", loaded.failure_score)
+    gepa_settings.setdefault("track_stats", True)  # skynet_dspy.report() reads the candidates' scores
+    if loaded.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
+        extra = dict(gepa_settings.get("gepa_kwargs") or {})
+        extra["stop_callbacks"] = stop_callbacks_with_caps(extra.get("stop_callbacks"), loaded)
+        gepa_settings["gepa_kwargs"] = extra
+    optimizer = SkynetGEPA(metric=loaded, reflection_lm=_own_history(reflection), **gepa_settings)
+    optimizer.skynet_metric = loaded
+    record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
+    return optimizer
+
+
+def _sorted_options(
+    metric_options: MetricOptions | None, options: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(load_metric()'s settings, dspy.GEPA's settings) from gepa()'s keywords; failure_score goes to both."""
     metric_settings: dict[str, Any] = dict(metric_options or {})
     gepa_settings: dict[str, Any] = {}
     for name, value in dict(options).items():
@@ -92,42 +115,36 @@ def gepa(
             gepa_settings[name] = value
         else:
             raise unknown_option("skynet_dspy.gepa()", name, (*OPTIONS, *_GEPA_OPTIONS))
-    _check_budget_given(gepa_settings)
-    reflection = as_dspy_lm(reflection_lm)
-    if isinstance(metric, Metric):
-        reject_options_for_loaded("skynet_dspy.gepa()", metric, {k: v for k, v in metric_settings.items()
-                                                                if k != "failure_score"})
-        if "failure_score" in gepa_settings and gepa_settings["failure_score"] != metric.failure_score:
+    return metric_settings, gepa_settings
+
+
+def _with_loaded(
+    metric: Metric, metric_settings: Mapping[str, Any], gepa_settings: dict[str, Any], metric_lm: ModelSpec,
+    reflection: dspy.BaseLM,
+) -> Metric:
+    """A Metric already loaded, as gepa() uses it: its own options stand (others beside it are refused), GEPA
+    gets its failure_score, and its llm() gets metric_lm and the reflection model where it has none of its own."""
+    reject_options_for_loaded("skynet_dspy.gepa()", metric, {k: v for k, v in metric_settings.items()
+                                                            if k != "failure_score"})
+    if "failure_score" in gepa_settings and gepa_settings["failure_score"] != metric.failure_score:
+        raise ValueError(
+            f"failure_score={gepa_settings['failure_score']!r} differs from the loaded Metric's "
+            f"{metric.failure_score!r}; leave it out, or load the metric with that failure_score"
+        )
+    gepa_settings["failure_score"] = metric.failure_score
+    judge = metric.judge
+    if metric_lm is not None:
+        if judge.metric_lm is not None:
             raise ValueError(
-                f"failure_score={gepa_settings['failure_score']!r} differs from the loaded Metric's "
-                f"{metric.failure_score!r}; leave it out, or load the metric with that failure_score"
+                f"this Metric already has a metric model ({judge.metric_lm.describe()}); leave metric_lm out "
+                "of gepa() or load the metric again without one"
             )
-        gepa_settings["failure_score"] = metric.failure_score
-        judge = metric.judge
-        if metric_lm is not None:
-            if judge.metric_lm is not None:
-                raise ValueError(
-                    f"this Metric already has a metric model ({judge.metric_lm.describe()}); leave metric_lm out "
-                    "of gepa() or load the metric again without one"
-                )
-            judge.metric_lm = metric_lm
-        # llm() follows the reflection model of the latest gepa(), unless the metric was loaded with its own
-        if judge.reflection_lm is None or metric.reflection_from_gepa:
-            judge.reflection_lm = reflection
-            metric.reflection_from_gepa = True
-        loaded = metric
-    else:
-        loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=reflection, **metric_settings)
-        gepa_settings.setdefault("failure_score", loaded.failure_score)
-    gepa_settings.setdefault("track_stats", True)  # skynet_dspy.report() reads the candidates' scores
-    if loaded.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
-        extra = dict(gepa_settings.get("gepa_kwargs") or {})
-        extra["stop_callbacks"] = stop_callbacks_with_caps(extra.get("stop_callbacks"), loaded)
-        gepa_settings["gepa_kwargs"] = extra
-    optimizer = SkynetGEPA(metric=loaded, reflection_lm=_own_history(reflection), **gepa_settings)
-    optimizer.skynet_metric = loaded
-    record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
-    return optimizer
+        judge.metric_lm = metric_lm
+    # llm() follows the reflection model of the latest gepa(), unless the metric was loaded with its own
+    if judge.reflection_lm is None or metric.reflection_from_gepa:
+        judge.reflection_lm = reflection
+        metric.reflection_from_gepa = True
+    return metric
 
 
 _BUDGETS = ("auto", "max_metric_calls", "max_full_evals")

@@ -24,6 +24,17 @@ def results_frame(evaluation: EvaluationResult, *, include_expected: bool = Fals
     `include_expected=True`. In Jupyter, failures and low scores stand out, and every cell, header and index label
     is escaped; `.to_csv()` writes plain numbers and no cell a spreadsheet would evaluate (docs/safe-output.md).
     Needs pandas (the [report] or [notebooks] extra).
+
+    Args:
+        evaluation: What `dspy.Evaluate(...)(program)` returned (or a ContractReport from check_contract).
+        include_expected: Add the expected values, as `expected.NAME` columns.
+
+    Returns:
+        The DataFrame, one row per example.
+
+    Raises:
+        TypeError: include_expected is not True or False.
+        MissingExtra: pandas is not installed.
     """
     if not isinstance(include_expected, bool):
         raise TypeError(f"include_expected must be True or False, got {include_expected!r}")

@@ -23,12 +23,21 @@ _NOT_MEASURED = (
 
 @dataclass(frozen=True)
 class CostReceipt:
-    """What one optimization run used.
+    """What one optimization run used (`report.receipt`; docs/results.md). A figure skynet-dspy could not tell is
+    None, with a note saying why, never zero.
 
-    `program`: the measured runs of the program the metric scored (None when the runs were not measured);
-    `judge`: the metric's llm() calls; `reflection`: the reflection model's calls; `seconds`: the run's wall
-    time; `metric_calls` / `memo_hits` / `failures`: the metric's score calls, those answered from memory, and
-    the failed calls by kind. `notes` say why a figure is unknown.
+    Attributes:
+        program: The measured runs of the program the metric scored; None when the runs were not measured.
+        judge: The metric's llm() calls.
+        reflection: The reflection model's calls.
+        seconds: The run's wall time.
+        metric: The metric's name.
+        metric_calls: The metric's score calls.
+        memo_hits: Of those, the calls answered from memory (GEPA asks twice for the same example and output).
+        failures: The failed calls by kind (timeout, exception, ...).
+        notes: Why a figure is unknown, one note each.
+        total: The program's, the judge's and the reflection model's calls, tokens, USD and seconds as one Usage.
+        total_usd: Their USD added up; None when one of them is unknown.
     """
 
     program: ProgramUsage | None

@@ -41,6 +41,18 @@ class OptimizationReport:
 
     `str(report)` is the text report, `report` alone renders as HTML in Jupyter, `report.plot("run.png")`
     draws the candidates' validation scores against metric calls spent (matplotlib, the [report] extra).
+
+    Attributes:
+        candidates: Every candidate, in the order GEPA proposed them (the seed is #0): its validation score,
+            the metric calls spent when it was found, its parents, named scores and texts.
+        best: The index of the best candidate in `candidates`.
+        receipt: What the run used; None when the run was not recorded.
+        total_metric_calls: The metric calls GEPA made in all, when its result gives them.
+        source: What ran: "dspy.GEPA" or "optimize_anything".
+        notes: What the report could not tell, and why.
+        seed: The seed candidate (None without candidates).
+        best_candidate: The best candidate (None without candidates).
+        named_scores: Named score → (the seed's validation mean, the best candidate's).
     """
 
     candidates: list[Candidate]

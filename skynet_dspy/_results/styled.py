@@ -43,7 +43,7 @@ class ResultsFrame(pd.DataFrame):
         try:
             return styled_html(self)
         except ImportError:  # Styler needs jinja2: plain pandas then, every cell as escaped text
-            return pd.DataFrame(self.map(_html_text)).to_html(escape=False)
+            return str(pd.DataFrame(self.map(_html_text)).to_html(escape=False))  # pandas is untyped here (Any)
 
     def to_csv(self, path_or_buf: Any = None, **options: Any) -> Any:
         """DataFrame.to_csv, safe to open in a spreadsheet: a text cell or header that starts with = + - @, tab
@@ -126,7 +126,7 @@ def styled_html(frame: pd.DataFrame) -> str:
     caption = f"{len(frame)} example(s), {failed} failed"
     if len(frame) > len(shown):
         caption += f"; showing the first {len(shown)} (pandas display.max_rows)"
-    return styler.set_caption(safe_text.for_html(caption)).to_html()
+    return str(styler.set_caption(safe_text.for_html(caption)).to_html())  # pandas is untyped here (Any)
 
 
 def _range(values: pd.Series) -> tuple[float, float]:

@@ -59,7 +59,7 @@ class Layout:
 def row_of(example: Any, prediction: Any, score: Any) -> Row:
     """The Row of one (example, prediction, score) triple from dspy.Evaluate's `results`."""
     from .._dspy import translate
-    from .._dspy.metric import Score
+    from .._dspy.score import Score
 
     try:
         inputs, expected = translate.split_example(example)

@@ -92,16 +92,11 @@ def test_the_mipro_extra_brings_optuna_and_the_docs_name_it():
     assert "MIPROv2 requires optional dependency 'optuna'" in troubleshooting  # the error a user searches for
 
 
-# Rewritten by issue 32b at the same time (one Usage type, results_frame as a plain DataFrame): their docstrings
-# come with that rewrite. The lead empties this set at the merge.
-_BEING_REWRITTEN = {"Observation", "JudgeUsage", "ProgramUsage", "CostReceipt", "OptimizationReport", "results_frame"}
-
-
 def test_every_public_name_with_parameters_documents_them_google_style():
     import enum
 
     undocumented = []
-    for name in sorted(set(skynet_dspy.__all__) - _BEING_REWRITTEN - {"skynet", "helpers"}):
+    for name in sorted(set(skynet_dspy.__all__) - {"skynet", "helpers"}):
         value = getattr(skynet_dspy, name)
         if isinstance(value, type) and issubclass(value, (BaseException, enum.Enum)):
             continue  # exceptions take a message; enum members are listed by mkdocstrings

@@ -15,10 +15,6 @@ MAX_COMPLEXITY = 15
 MAX_LINES = 600
 
 LEFT: dict[str, int] = {
-    "_gepa.py:optimize_anything": 23,
-    "_cli.py:_score": 18,
-    "_dspy/optimize.py:gepa": 19,
-    "_core/loading.py:_takes_expected": 17,
     "_core/call.py:type_name": 22,
     "_core/isolation/wire.py:_plain": 22,
     "_core/isolation/template.py:main": 23,
@@ -28,7 +24,7 @@ LEFT: dict[str, int] = {
     "_core/isolation/ray_cluster.py:ship": 18,
     "_core/isolation/ray_cluster.py:RayExecutor._place": 17,
 }
-LONG_LEFT = {"_gepa.py", "_core/isolation/ray_cluster.py"}
+LONG_LEFT = {"_core/isolation/ray_cluster.py"}
 
 
 def _sources() -> list[Path]:

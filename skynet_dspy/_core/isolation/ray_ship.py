@@ -47,17 +47,9 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
             raise FileNotFoundError(f"metric file not found: {source}")
         return pickle.dumps(_relative_to_working_dir(path, env)), env
     if isinstance(source, ModuleType):
-        file = getattr(source, "__file__", None)
-        top = sys.modules.get(source.__name__.partition(".")[0])
-        if source.__name__ == "__main__" or file is None:
-            source = getattr(source, "score", source)  # sent by value below
-        elif top is not None and getattr(top, "__path__", None) and _users_own(file):
-            env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
-            return pickle.dumps({"module": source.__name__}), env
-        elif _users_own(file):
-            return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env)), env
-        else:
-            return pickle.dumps({"module": source.__name__}), env  # installed on the nodes as on this machine
+        if source.__name__ != "__main__" and getattr(source, "__file__", None) is not None:
+            return _ship_module(source, env), env
+        source = getattr(source, "score", source)  # sent by value below
     module = sys.modules.get(getattr(source, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
@@ -69,6 +61,18 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
             f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
             f"({exception_text(exc)}); define score in a metric.py and load that file"
         ) from None
+
+
+def _ship_module(source: ModuleType, env: dict[str, Any]) -> bytes:
+    """How a node finds a metric module with a file: by name (a package of the user's shipped with py_modules, or
+    installed on the nodes as here), or by its path in the working_dir (a module file of the user's)."""
+    file = str(source.__file__)
+    top = sys.modules.get(source.__name__.partition(".")[0])
+    if top is not None and getattr(top, "__path__", None) and _users_own(file):
+        env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
+    elif _users_own(file):
+        return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env))
+    return pickle.dumps({"module": source.__name__})
 
 
 def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:

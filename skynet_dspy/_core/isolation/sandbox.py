@@ -270,23 +270,31 @@ def _readable(extra: Iterable[str]) -> list[str]:
 
     Only what exists, each once (a path under another one already given is left out).
     """
+    homes = _homes()
+    found: list[str] = []
+    for path in sorted({os.path.abspath(path) for path in _candidates(extra) if path}, key=len):
+        if os.path.exists(path) and not any(_under(path, kept) for kept in found) and _mountable(path, homes):
+            found.append(path)
+    return found
+
+
+def _candidates(extra: Iterable[str]) -> list[str]:
+    """Every folder a worker may need to read: the interpreter's, the import path's, this package's, `extra`."""
     candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                   os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(sys.executable)]
     candidates += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     candidates += [entry or os.getcwd() for entry in sys.path]
     candidates += list(extra)
     candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
-    homes = _homes()
-    found: list[str] = []
-    for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
-        if not os.path.exists(path) or any(_under(path, kept) for kept in found):
-            continue
-        if any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path))):
-            continue  # never "/" nor a whole home, however reached (a notebook started in ~ has it on its path)
-        if any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)):
-            continue
-        found.append(path)
-    return found
+    return candidates
+
+
+def _mountable(path: str, homes: set[str]) -> bool:
+    """Whether `path` may be mounted: never "/" nor a whole home, however reached (a notebook started in ~ has it
+    on its path), nor what the system folders already give."""
+    if any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path))):
+        return False
+    return not any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system))
 
 
 def _homes() -> set[str]:

@@ -55,9 +55,9 @@ def gepa_run(url: str, cache: str, budget: int, train_size: int | None, val_size
         usage = metric.judge_usage
     scores = [float(score) for score in optimized.detailed_results.val_aggregate_scores]
     return {
-        "judge_requests": usage.calls,
+        "judge_requests": usage.requests,
         "judge_cache_hits": usage.cache_hits,
-        "judge_errors": usage.errors,
+        "judge_errors": usage.failed,
         "dollars": usage.cost_usd,
         "best_val_score": max(scores) if scores else None,
         "candidates": len(scores),

@@ -17,7 +17,7 @@ from typing import Any, Unpack
 
 import dspy
 
-from .._core import secrets
+from .._core import aio, secrets
 from .._core.call import CallRequest
 from .._core.logs import logger
 from .._core.lru import LRU
@@ -286,6 +286,35 @@ class Metric:
             unmeasured_reason or (None if observation is not None else "no run of a program was measured"),
         )
         return self.scorer.score(request)
+
+    # -- awaited from an event loop -----------------------------------------------------------
+
+    async def acall(
+        self,
+        gold: Any,
+        pred: Any,
+        trace: Any = None,
+        pred_name: str | None = None,
+        pred_trace: Any = None,
+        program_trace: Any = None,
+    ) -> Score:
+        """`await metric.acall(example, prediction)`: the call DSPy makes, awaited without blocking the running event
+        loop. The call runs on a thread of its own under the same timeout and rules, for sync and async metrics
+        alike; cancelling the await drops the Score (the call ends on its own, within its timeout)."""
+        return await aio.in_thread(lambda: self(gold, pred, trace, pred_name, pred_trace, program_trace))
+
+    async def ascore(
+        self,
+        input: dict[str, Any],
+        output: Any,
+        expected: dict[str, Any] | None = None,
+        *,
+        observation: Any = None,
+        unmeasured_reason: str | None = None,
+    ) -> Result:
+        """`await metric.ascore(input, output, expected)`: score() on plain values, awaited like acall()."""
+        return await aio.in_thread(lambda: self.score(
+            input, output, expected, observation=observation, unmeasured_reason=unmeasured_reason))
 
     # -- what the user reads ------------------------------------------------------------------
 

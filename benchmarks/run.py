@@ -1,6 +1,6 @@
 """`make bench`: what skynet-dspy costs per call and to the program, its judge calls, how it scales, its memory.
 
-Thirteen benchmarks, each against its baseline in the same run:
+Fourteen benchmarks, each against its baseline in the same run:
 
 1. per-call overhead: the adapter `metric(gold, pred)` with isolation="process" (the default) and
    with isolation="thread", vs the bare `score(input, output, expected)`;
@@ -24,6 +24,8 @@ Thirteen benchmarks, each against its baseline in the same run:
 12. sandbox=True (bubblewrap): per-call overhead and worker start time, with and without the sandbox; the
     sandboxed pool of a 300 MB model (memory, time until 8 workers are ready), forked in the sandbox vs fresh.
 13. sporadic 429s (one in twenty) from a 50-300 ms judge: the judge vs dspy.LM's own retry.
+14. a rubric metric asking 8 judge questions per output from a 100 ms judge: `async def score` gathering
+    `allm()` vs `llm()` one by one (per call, and dspy.Evaluate with 4 threads).
 
     .venv/bin/python -m benchmarks.run            # full size; writes benchmarks/results/latest.json
     .venv/bin/python -m benchmarks.run --quick    # tiny sizes, seconds; writes nothing unless --out is given
@@ -48,10 +50,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 RESULTS = Path(__file__).parent / "results"
 LATEST = RESULTS / "latest.json"
 NAMES = {1: "overhead", 2: "judge_calls", 3: "threads", 4: "memory", 5: "predict", 6: "isolation", 7: "cpu_bound",
-         8: "judge_cache", 9: "worker_pool", 10: "judge_limits", 11: "ray_cluster", 12: "sandbox", 13: "judge_429"}
+         8: "judge_cache", 9: "worker_pool", 10: "judge_limits", 11: "ray_cluster", 12: "sandbox", 13: "judge_429",
+         14: "async_metric"}
 ALL = tuple(NAMES)
 # The order they run in: the per-call timings first, the long runs last.
-ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 10, 13, 3, 11)
+ORDER = (1, 6, 12, 5, 7, 9, 4, 2, 8, 10, 13, 14, 3, 11)
 
 
 @dataclass
@@ -82,12 +85,15 @@ class Sizes:
     ray_starts: int = 3  # 11: fresh processes starting a local Ray, each way
     limit_requests: int = 1000  # 10: judge requests per row
     sporadic_requests: int = 400  # 13: judge requests per row
+    async_calls: int = 10  # 14: calls timed per metric
+    async_examples: int = 20  # 14: dspy.Evaluate examples per metric
 
 
 QUICK = Sizes(calls=2_000, gepa_budget=20, gepa_train=6, gepa_val=4, gepa_threads=2, examples=16, delay=0.01,
               repeats=1, memory_calls=20_000, predict_calls=200, predict_rounds=1, predict_warmup=20,
               isolation_calls=500, cpu_examples=8, cpu_repeats=1, model_mb=20, sandbox_calls=200, sandbox_starts=2,
-              ray_calls=100, ray_cpu_examples=8, ray_starts=1, limit_requests=40, sporadic_requests=80)
+              ray_calls=100, ray_cpu_examples=8, ray_starts=1, limit_requests=40, sporadic_requests=80, async_calls=3,
+              async_examples=4)
 
 
 def _quiet() -> None:
@@ -208,6 +214,12 @@ def _one(number: int, sizes: Sizes, profile_calls: int, say: Any) -> dict[str, A
 
         say(f"sporadic 429s: {sizes.sporadic_requests:,} requests from 8 threads, the judge vs dspy.LM's retry ...")
         return judge_429.run(sizes.sporadic_requests)
+    if number == 14:
+        from benchmarks import async_metric
+
+        say(f"async metric: 8 judge questions per output, {sizes.async_calls} calls and {sizes.async_examples} "
+            "examples each, sync vs async ...")
+        return async_metric.run(sizes.async_calls, sizes.async_examples)
     raise ValueError(f"no benchmark {number}")
 
 
@@ -384,6 +396,10 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         from benchmarks import judge_429
 
         out += judge_429.rows(doc["judge_429"])
+    if "async_metric" in doc:
+        from benchmarks import async_metric
+
+        out += async_metric.rows(doc["async_metric"])
     return out
 
 

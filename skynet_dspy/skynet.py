@@ -1,4 +1,4 @@
-"""The helper module metric code imports as `skynet`: llm, reward, observation, service_cost.
+"""The helper module metric code imports as `skynet`: llm, allm, reward, observation, service_cost.
 
 `import skynet_dspy` (and loading any metric file, in any process) registers this module as `skynet`,
 so `from skynet import llm, reward, observation, service_cost` works unchanged in metric.py. It needs
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import context
+from ._core import aio, context
 from ._core import reward as _reward
 from ._core.errors import ModelNotConfigured, OutsideMetricCall, judge_failure
 from ._core.types import Observation
 from ._core.values import check_llm_arguments
 
-__all__ = ["llm", "reward", "observation", "service_cost", "Observation"]
+__all__ = ["llm", "allm", "reward", "observation", "service_cost", "Observation"]
 
 
 def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
@@ -44,6 +44,17 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
         if call is not None and kind is not None:
             call.note_judge_problem(kind, str(exc))
         raise
+
+
+async def allm(instructions: str, input: str | None = None, **settings: Any) -> str:
+    """`await allm(...)`: llm() for an `async def score`, awaited without blocking its event loop.
+
+    The same request, model, cache, limits, spending caps and errors as llm(): it runs llm() on a thread of its
+    own, so `asyncio.gather(allm(...), allm(...), ...)` asks its questions at once (within judge_max_concurrency,
+    and at most 16 of one call at a time; more wait their turn).
+    """
+    check_llm_arguments(instructions, input, settings)
+    return await aio.llm_turn(lambda: llm(instructions, input, **settings))
 
 
 def reward(spec: dict[str, Any], accuracy: float, feedback: str) -> tuple[float, dict[str, Any]]:

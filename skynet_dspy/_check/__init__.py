@@ -109,7 +109,8 @@ def check_contract(
     try:
         info = metric.info
         report.items.append(CheckItem(Item.LOADS, Status.PASSED, f"loaded {report.metric}"))
-        arity = "score(input, output, expected)" if info.takes_expected else "score(input, output)"
+        arity = ("async " if info.is_async else "") + (
+            "score(input, output, expected)" if info.takes_expected else "score(input, output)")
         hint = f". {info.hint}" if info.hint else ""
         status = Status.WARNING if hint else Status.PASSED
         report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))

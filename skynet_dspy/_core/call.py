@@ -8,6 +8,7 @@ plain values; the scorer (in the user's process) turns it into a Result.
 from __future__ import annotations
 
 import builtins
+import inspect
 import linecache
 import os
 import re
@@ -16,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from . import aio
 from .context import LLMHandler, MetricCall, calling
 from .contract import CUT_MARGIN, check_return
 from .errors import ContractViolation, judge_failure
@@ -40,7 +42,8 @@ class CallRequest:
     expected: dict[str, Any] | None
     observation: Observation | None = None
     unmeasured_reason: str | None = None
-
+    # seconds an async score's coroutine may run before it is cancelled (None: the executor alone bounds the call)
+    timeout: float | None = None
 
 
 def run_call(
@@ -59,10 +62,10 @@ def run_call(
     call = MetricCall(llm, request.observation, request.unmeasured_reason)
     with calling(call):
         try:
-            if loaded.takes_expected:
-                value = loaded.score(request.input, request.output, request.expected)
-            else:
-                value = loaded.score(request.input, request.output)
+            value = _call_score(loaded, request)
+        except aio.CoroutineTimedOut:
+            detail = f"score() did not return within {request.timeout:g} s; its coroutine was cancelled"
+            return _with_judge(Outcome(failure=Failure.TIMEOUT, detail=detail), call)
         except CallTimedOut:
             raise
         except KeyboardInterrupt as exc:
@@ -86,6 +89,17 @@ def run_call(
             detail = f"{rule}: {type(exc).__name__} was raised while reading the return value"
             return _with_judge(Outcome(failure=Failure.INVALID, rule=rule, detail=detail), call)
     return _with_judge(Outcome(result=result), call)
+
+
+def _call_score(loaded: LoadedMetric, request: CallRequest) -> Any:
+    """What score returned; an async score's coroutine is run to its end first, on an event loop of its own."""
+    if loaded.takes_expected:
+        value = loaded.score(request.input, request.output, request.expected)
+    else:
+        value = loaded.score(request.input, request.output)
+    if inspect.iscoroutine(value):
+        value = aio.run(value, request.timeout)
+    return value
 
 
 def _with_judge(outcome: Outcome, call: MetricCall) -> Outcome:

@@ -46,6 +46,11 @@ class LoadedMetric:
     label: str = ""
     file: str | None = None
 
+    @property
+    def is_async(self) -> bool:
+        """Whether score is an `async def` (its calls return a coroutine, run on an event loop of the call's own)."""
+        return is_coroutine_function(self.score)
+
     def info(self) -> MetricInfo:
         """The plain facts of this metric, as sent back from a worker process."""
         return MetricInfo(
@@ -56,7 +61,14 @@ class LoadedMetric:
             uses_measurement=uses_measurement(self),
             file=self.file,
             hint=signature_hint(self.score),
+            is_async=self.is_async,
         )
+
+
+def is_coroutine_function(fn: Any) -> bool:
+    """Whether calling `fn` gives a coroutine: an `async def` function, method or partial, or an object whose
+    `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 
 def register_skynet() -> None:

@@ -134,6 +134,9 @@ class Scorer:
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)
         self.info: MetricInfo = self.executor.info
+        # in this process, an async score's coroutine is cancelled at the timeout by its own loop (a thread cannot
+        # be stopped); a worker process is killed at the timeout, its coroutine with it
+        self._coroutine_timeout = self.timeout if self.isolation == "thread" and self.info.is_async else None
         if self.info.reward_spec is not None:
             validate_spec(self.info.reward_spec)
         self._lock = threading.Lock()
@@ -151,6 +154,8 @@ class Scorer:
         """Run one call and give its Result: the metric's own on success, the failure score otherwise."""
         if self.closed:  # the caller's mistake, not the metric's: an error, never a failure scored as the metric's
             raise WorkerError(f"the metric {self.info.label} was closed; load it again to score more")
+        if self._coroutine_timeout is not None:
+            request = replace(request, timeout=self._coroutine_timeout)
         outcome = self.executor.run(request, self.llm or _default_handler)
         if self.closed and outcome.result is None:  # closed under the call (a Ctrl-C): not the metric's fault
             raise WorkerError(f"the metric {self.info.label} was closed while this call ran; nothing was scored")
@@ -162,17 +167,21 @@ class Scorer:
         if problem is not None and problem not in (Failure.SPEND_CAP, Failure.JUDGE_UNREACHABLE):
             self._setup_problem(problem, outcome.judge_detail or "")
         if outcome.result is not None:
-            with self._lock:
-                self._streak = 0
-            result = finish_feedback(outcome.result, self.feedback_limit)
-            if result.extra and self.isolation != "thread":
-                result = replace(result, extra=_redacted(result.extra))
-            if result.scores:  # the names reach the optimizer, like the feedback: no key among them
-                names = {secrets.redact(name): value for name, value in result.scores.items()}
-                if names != result.scores:
-                    result = replace(result, scores=names)
-            return _observed(result, request.observation)
+            return _observed(self._succeeded(outcome.result), request.observation)
         return _observed(self.failed(outcome), request.observation)
+
+    def _succeeded(self, result: Result) -> Result:
+        """The Result of a call that worked: its feedback cut to the limit, no key in what reaches the optimizer."""
+        with self._lock:
+            self._streak = 0
+        result = finish_feedback(result, self.feedback_limit)
+        if result.extra and self.isolation != "thread":
+            result = replace(result, extra=_redacted(result.extra))
+        if result.scores:  # the names reach the optimizer, like the feedback: no key among them
+            names = {secrets.redact(name): value for name, value in result.scores.items()}
+            if names != result.scores:
+                result = replace(result, scores=names)
+        return result
 
     def failed(self, outcome: Outcome, feedback: str | None = None) -> Result:
         """The Result of a failed call (`feedback` overrides the neutral sentence), counted and logged."""

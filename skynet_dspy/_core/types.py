@@ -346,6 +346,7 @@ class MetricInfo:
         uses_measurement: Whether its code refers to reward, observation or service_cost.
         file: The metric's source file, when it has one.
         hint: Advice about the signature (e.g. a DSPy-style score(example, pred, trace)).
+        is_async: Whether score is an `async def` (awaited on an event loop of each call's own).
     """
 
     name: str  # for messages and result columns: the file's stem, or the function's name
@@ -355,3 +356,4 @@ class MetricInfo:
     uses_measurement: bool = False  # its code refers to reward / observation / service_cost
     file: str | None = None  # the metric's source file, when it has one
     hint: str | None = None  # advice about the signature (e.g. a DSPy-style score(example, pred, trace))
+    is_async: bool = False  # score is an `async def`

@@ -17,7 +17,7 @@ from typing import Any, Unpack
 
 import dspy
 
-from .._core import secrets
+from .._core import aio, secrets
 from .._core.call import CallRequest
 from .._core.logs import logger
 from .._core.lru import LRU
@@ -30,7 +30,9 @@ from .._judge import Judge
 from .._judge.spend import Spend, SpendCap
 from . import hooks, translate
 from . import measure as measurement
-from .score import _NO_OUTPUT, Score
+from .score import _NO_OUTPUT
+from .score import Score as Score  # public as skynet_dspy.Score, made in score.py
+from .score import _rebuilt as _rebuilt  # Scores pickled before it moved to score.py name it here
 
 _NOT_MEASURED = (
     "the metric's code does not use reward(), observation() or service_cost(), so its runs are not measured "
@@ -284,6 +286,35 @@ class Metric:
             unmeasured_reason or (None if observation is not None else "no run of a program was measured"),
         )
         return self.scorer.score(request)
+
+    # -- awaited from an event loop -----------------------------------------------------------
+
+    async def acall(
+        self,
+        gold: Any,
+        pred: Any,
+        trace: Any = None,
+        pred_name: str | None = None,
+        pred_trace: Any = None,
+        program_trace: Any = None,
+    ) -> Score:
+        """`await metric.acall(example, prediction)`: the call DSPy makes, awaited without blocking the running event
+        loop. The call runs on a thread of its own under the same timeout and rules, for sync and async metrics
+        alike; cancelling the await drops the Score (the call ends on its own, within its timeout)."""
+        return await aio.in_thread(lambda: self(gold, pred, trace, pred_name, pred_trace, program_trace))
+
+    async def ascore(
+        self,
+        input: dict[str, Any],
+        output: Any,
+        expected: dict[str, Any] | None = None,
+        *,
+        observation: Any = None,
+        unmeasured_reason: str | None = None,
+    ) -> Result:
+        """`await metric.ascore(input, output, expected)`: score() on plain values, awaited like acall()."""
+        return await aio.in_thread(lambda: self.score(
+            input, output, expected, observation=observation, unmeasured_reason=unmeasured_reason))
 
     # -- what the user reads ------------------------------------------------------------------
 

@@ -86,7 +86,11 @@ Responder = Callable[[Request], Any]
 
 class _QuietServer(ThreadingHTTPServer):
     """A client that hangs up mid-answer (a cancelled llm() request, a timed-out call) is no error of the server's:
-    it is not printed as a traceback on the test's or the notebook's stderr."""
+    it is not printed as a traceback on the test's or the notebook's stderr. Its listen queue holds as many
+    connections at once as a provider's does: socketserver's default of 5 drops the rest, and a client whose
+    connection was dropped tries again a second later (gathered async judge questions open dozens at once)."""
+
+    request_queue_size = 256
 
     def handle_error(self, request: object, client_address: object) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):

@@ -54,13 +54,14 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
                 "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
-                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. ", "| 13. "):
+                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. ", "| 13. ",
+                "| 14. A rubric metric asking 8 judge questions"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 20 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 21 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -326,3 +327,16 @@ def test_sporadic_429s_row_answers_every_request_each_way(quick):
     for way in ("judge", "never_pause", "pause_every_429", "dspy_lm"):
         assert found[way]["answered"] == found["requests"], way
         assert found[way]["rate_limited"] >= 1 and _finite_positive(found[way]["seconds"]), way
+
+
+def test_the_async_metric_row_times_the_three_metrics_each_call_asking_the_judge_anew(quick):
+    doc, _ = quick
+    found = doc["async_metric"]
+    calls, examples = bench.QUICK.async_calls, bench.QUICK.async_examples
+    assert (found["questions"], found["calls"], found["examples"]) == (8, calls, examples)
+    asked = {"one_request": 1, "sync": 8, "async": 8}
+    for tag, questions in asked.items():  # the cache is off: every call (warm-up, timed, Evaluate) asked anew
+        part = found[tag]
+        assert part["judge_requests"] == questions * (1 + calls + examples)
+        assert _finite_positive(part["median_ms"]) and _finite_positive(part["evaluate_s"])
+    assert found["async_vs_one_request"] == found["async"]["median_ms"] / found["one_request"]["median_ms"]

@@ -235,6 +235,7 @@ def info_to_plain(info: MetricInfo) -> dict[str, Any]:
         "uses_measurement": info.uses_measurement,
         "file": info.file,
         "hint": info.hint,
+        "is_async": info.is_async,
     }
 
 
@@ -248,4 +249,5 @@ def info_from_plain(data: dict[str, Any]) -> MetricInfo:
         uses_measurement=bool(data.get("uses_measurement")),
         file=_text(data.get("file")),
         hint=_text(data.get("hint")),
+        is_async=data.get("is_async") is True,
     )

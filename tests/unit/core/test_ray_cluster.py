@@ -604,3 +604,21 @@ def test_a_package_of_the_users_travels_and_its_functions_import_on_the_nodes(lo
     finally:
         for name in [name for name in sys.modules if name.startswith("my_metrics_pkg")]:
             del sys.modules[name]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_an_async_rubric_metric_scores_on_ray_as_its_sync_form_does_in_processes(local_ray, server):
+    from unit.test_async_metrics import ANSWERS, fixed_answers, judge_of
+
+    server.responder = fixed_answers
+    metrics = ROOT / "tests" / "metrics"
+    cases = [({"question": f"What is the capital of {country}?"}, answer) for country, answer in ANSWERS.items()]
+    found = {}
+    for form, isolation in (("rubric.py", "process"), ("rubric_async.py", "ray")):
+        with skynet_dspy.load_metric(metrics / form, isolation=isolation, metric_lm=judge_of(server)) as metric:
+            assert metric.info.is_async is (isolation == "ray")
+            found[isolation] = [(result.score, result.feedback) for result in
+                                (metric.score(question, answer) for question, answer in cases)]
+    assert found["ray"] == found["process"]
+    assert [score for score, _ in found["ray"]] == [1.0, pytest.approx(2 / 3), pytest.approx(1 / 3)]

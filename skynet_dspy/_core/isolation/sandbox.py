@@ -277,16 +277,19 @@ def _readable(extra: Iterable[str]) -> list[str]:
     candidates += list(extra)
     candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
     homes = _homes()
+    systems = [system for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)]
     found: list[str] = []
     for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
-        if not os.path.exists(path) or any(_under(path, kept) for kept in found):
+        if not os.path.exists(path) or any(_under(path, kept) for kept in [*found, *systems]):
             continue
-        if any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path))):
-            continue  # never "/" nor a whole home, however reached (a notebook started in ~ has it on its path)
-        if any(_under(path, system) for system in _SYSTEM if os.path.isdir(system) and not os.path.islink(system)):
-            continue
-        found.append(path)
+        if not _holds_a_home(path, homes):  # a notebook started in ~ has it on its path
+            found.append(path)
     return found
+
+
+def _holds_a_home(path: str, homes: set[str]) -> bool:
+    """Whether `path`, as named or resolved, is a home folder or holds one ("/", /home): never readable."""
+    return any(_under(home, seen) for home in homes for seen in (path, os.path.realpath(path)))
 
 
 def _homes() -> set[str]:

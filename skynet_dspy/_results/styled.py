@@ -43,7 +43,8 @@ class ResultsFrame(pd.DataFrame):
         try:
             return styled_html(self)
         except ImportError:  # Styler needs jinja2: plain pandas then, every cell as escaped text
-            return pd.DataFrame(self.map(_html_text)).to_html(escape=False)
+            html: str = pd.DataFrame(self.map(_html_text)).to_html(escape=False)
+            return html
 
     def to_csv(self, path_or_buf: Any = None, **options: Any) -> Any:
         """DataFrame.to_csv, safe to open in a spreadsheet: a text cell or header that starts with = + - @, tab
@@ -126,7 +127,8 @@ def styled_html(frame: pd.DataFrame) -> str:
     caption = f"{len(frame)} example(s), {failed} failed"
     if len(frame) > len(shown):
         caption += f"; showing the first {len(shown)} (pandas display.max_rows)"
-    return styler.set_caption(safe_text.for_html(caption)).to_html()
+    html: str = styler.set_caption(safe_text.for_html(caption)).to_html()
+    return html
 
 
 def _range(values: pd.Series) -> tuple[float, float]:

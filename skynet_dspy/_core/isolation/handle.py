@@ -141,6 +141,7 @@ class WorkerProcess:
         self.send_lock = threading.Lock()
         self.pid = pid
         self.calls = 0  # calls it has answered (for worker_max_calls)
+        self.answered: int | None = None  # the call it answered last (its own late reply may follow a forged one)
         self._pidfd = _pidfd(self.pid)
         self._poller = select.poll()
         self._poller.register(self.conn.fileno(), select.POLLIN)

@@ -56,7 +56,7 @@ _fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class _NotTaken(Exception):
-    """The worker exits without reading the call it was sent (see _stale): score did not run, and the call runs on
+    """The worker exits without reading the call it was sent (see _late): score did not run, and the call runs on
     a new worker."""
 
 
@@ -443,9 +443,10 @@ class ProcessExecutor:
                             f"{MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
                         ), False
             elif kind == "outcome" and message.get("call") == call_id:
+                worker.answered = call_id
                 outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
-            elif _stale(message, call_id):
+            elif _late(message, worker):
                 continue
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
@@ -505,12 +506,14 @@ def checked_again(outcome: Outcome, feedback_limit: int) -> Outcome:
     )
 
 
-def _stale(message: Any, call_id: int) -> bool:
-    """Whether `message` is the worker's own reply to an earlier call, which a reply the metric forged answered first
-    (sandbox=True runs hostile code): the worker reads the call in progress next; _NotTaken when it said it retires
-    (it then exits without reading it)."""
-    call = message.get("call") if isinstance(message, dict) else None
-    if not (isinstance(call, int) and call < call_id and message.get("kind") == "outcome"):
+def _late(message: Any, worker: WorkerProcess) -> bool:
+    """Whether `message` is the worker's own reply to the call it last answered, which a reply the metric forged
+    answered first (sandbox=True runs hostile code): passed over once, as the worker reads the call in progress
+    next; _NotTaken when it says the worker retires (it then exits without reading it)."""
+    answered, worker.answered = worker.answered, None
+    if answered is None or not isinstance(message, dict) or (message.get("kind"), message.get("call")) != (
+        "outcome", answered
+    ):
         return False
     if message.get("retire"):
         raise _NotTaken

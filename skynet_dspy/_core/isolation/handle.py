@@ -33,6 +33,7 @@ from . import tree, wire
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
+_NO_MESSAGE = object()  # no whole message received yet
 PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
 PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker appends after its own (JSON)
 # Run first in every process that runs score (started with -P: no current directory or script folder first):
@@ -78,6 +79,8 @@ class WorkerProcess:
     """One worker process and its socket; used by one calling thread at a time."""
 
     _inner: int | None = None  # the worker itself, when `pid` is a launcher's process above it (a sandbox)
+    _stat: int | None = None  # /proc/PID/stat of the process that runs the metric, kept open (healthy)
+    _closed_by_worker = False  # its end of the socket closed: the worker is exiting (or closed it itself)
 
     def __init__(self, send_timeout: float, token: str | None = None, launcher: Launcher | None = None) -> None:
         ours, theirs = socket.socketpair()
@@ -119,6 +122,7 @@ class WorkerProcess:
             raise
         # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
         self._inner = _innermost(self.pid) if launcher is not None else None
+        self._watch_state()
 
     @property
     def metric_pid(self) -> int:
@@ -137,6 +141,7 @@ class WorkerProcess:
         self.send_lock = threading.Lock()
         self.pid = pid
         self.calls = 0  # calls it has answered (for worker_max_calls)
+        self.answered: int | None = None  # the call it answered last (its own late reply may follow a forged one)
         self._pidfd = _pidfd(self.pid)
         self._poller = select.poll()
         self._poller.register(self.conn.fileno(), select.POLLIN)
@@ -172,48 +177,81 @@ class WorkerProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # checked first: a flood of buffered messages must not outlast the deadline
                 return None
-            if len(self._received) >= 4:
-                size = struct.unpack("!i", self._received[:4])[0]
-                if not 0 <= size <= wire.MAX_MESSAGE:
-                    raise Gone  # no worker of ours sends this
-                if len(self._received) >= 4 + size:
-                    data = bytes(self._received[4:4 + size])
-                    del self._received[:4 + size]
-                    try:
-                        return wire.from_worker(data)
-                    except Exception:  # not plain data: no worker of ours sends that
-                        raise Gone from None
+            message = self._message()
+            if message is not _NO_MESSAGE:
+                return message
             if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
                 remaining = min(remaining, 0.25)
                 if self.proc.poll() is not None and not self.conn.poll(0):
                     raise Gone
-            events = self._poller.poll(math.ceil(remaining * 1000))
-            if any(fd == self.output.fd for fd, _ in events):
-                if not self.output.read():  # every writer closed it: it has nothing more to say
-                    self._poller.unregister(self.output.fd)
-                events = [event for event in events if event[0] != self.output.fd]
+            events = self._read_output(self._poller.poll(math.ceil(remaining * 1000)))
             if not events:
                 continue
-            if any(fd == conn_fd for fd, _ in events):
-                try:
-                    chunk = os.read(conn_fd, 1 << 16)
-                except OSError:
-                    raise Gone from None
-                if not chunk:
-                    raise Gone
-                self._received += chunk
-                continue
-            raise Gone  # only the pidfd is readable: the process exited
+            if not any(fd == conn_fd for fd, _ in events):
+                raise Gone  # only the pidfd is readable: the process exited
+            try:
+                chunk = os.read(conn_fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._closed_by_worker = True  # it is exiting, most likely: kill() gives it a moment
+                raise Gone
+            self._received += chunk
+
+    def _read_output(self, events: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Read the worker's output when `events` say it wrote some; the other events."""
+        if all(fd != self.output.fd for fd, _ in events):
+            return events
+        if not self.output.read():  # every writer closed it: it has nothing more to say
+            self._poller.unregister(self.output.fd)
+        return [event for event in events if event[0] != self.output.fd]
+
+    def _message(self) -> Any:
+        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE; Gone for what no
+        worker of ours sends (a size past wire.MAX_MESSAGE, or what is not plain data)."""
+        if len(self._received) < 4:
+            return _NO_MESSAGE
+        size = struct.unpack("!i", self._received[:4])[0]
+        if not 0 <= size <= wire.MAX_MESSAGE:
+            raise Gone
+        if len(self._received) < 4 + size:
+            return _NO_MESSAGE
+        data = bytes(self._received[4:4 + size])
+        del self._received[:4 + size]
+        try:
+            return wire.from_worker(data)
+        except Exception:
+            raise Gone from None
 
     def healthy(self) -> bool:
-        """Whether an idle worker can take a call: not exited, and silent on its socket since its last reply."""
-        return not self._received and all(fd == self.output.fd for fd, _ in self._poller.poll(0))
+        """Whether an idle worker can take a call: not exited nor stopped, and silent on its socket since its last
+        reply (what a call left behind, a timer or a thread of the metric's, may have stopped it or written to it)."""
+        if self._received or any(fd != self.output.fd for fd, _ in self._poller.poll(0)):
+            return False
+        if self._stat is None:  # no /proc to read (not Linux)
+            return True
+        try:
+            state = os.pread(self._stat, 1024, 0).rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in (b"T", b"t", b"Z", b"X")  # stopped, traced, or exited
+
+    def _watch_state(self) -> None:
+        """Keep the metric's process's /proc stat file open for healthy(): it stays this process's whatever reuses
+        the pid, and a read costs a few µs where opening it each time took 15 (`make bench` row 9d)."""
+        try:
+            self._stat = os.open(f"/proc/{self.metric_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._stat = None
 
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it (no zombie is left): what left its process group
         (setsid) is found in its tree or by its mark (tree.py), and killed with the group."""
-        if self._inner is not None and self.proc.poll() is None and _state(self._inner) in (None, b"Z", b"X"):
-            try:  # the worker under a sandbox ended: bubblewrap exits with its status in a moment
+        if self._inner is not None and self.proc.poll() is None and (
+            self._closed_by_worker or _state(self._inner) in (None, b"Z", b"X")
+        ):
+            try:  # the worker under a sandbox ended (its socket closes before it is a zombie): bubblewrap exits with
+                # its status in a moment
                 self.proc.wait(_STOP_GRACE)
             except subprocess.TimeoutExpired:
                 pass
@@ -247,7 +285,8 @@ class WorkerProcess:
             # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
             pidfd, self._pidfd = self._pidfd, None
             output, self.output.fd = self.output.fd, -1
-        for fd in (pidfd, output):
+            stat, self._stat = self._stat, None
+        for fd in (pidfd, output, stat):
             if fd is not None and fd >= 0:
                 os.close(fd)
 

@@ -16,7 +16,7 @@ whichever worker is ready first, and that wait is not charged to its timeout.
 pebble's ProcessPool round trip of a trivial function alone takes about as long as this module's whole call
 (`make bench`, row 6b), and its shared task channel would let a process forked inside score take tasks: so
 this module manages its processes itself. handle.py is one worker process, source.py how a worker finds the
-metric, worker.py the worker's own loop.
+metric, worker.py the worker's own loop, relay.py its llm() requests answered here.
 """
 
 from __future__ import annotations
@@ -32,22 +32,15 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from ..call import CallRequest
-from ..context import CallScope, LLMHandler, llm_pool
+from ..context import CallScope, LLMHandler
 from ..contract import CUT_MARGIN, check_return
-from ..errors import (
-    NO_JUDGE_MODEL,
-    ContractViolation,
-    LLMCallError,
-    MetricLoadError,
-    ModelNotConfigured,
-    WorkerError,
-    judge_failure,
-)
+from ..errors import ContractViolation, MetricLoadError, WorkerError
 from ..logs import logger
 from ..types import Failure, Item, MetricInfo, Outcome
-from ..values import check_llm_arguments, exception_text
+from ..values import exception_text
 from . import wire
 from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, Launcher, WorkerProcess, exit_text, private_memory
+from .relay import serve_llm
 from .source import source_spec
 from .template import ForkedWorker, Template
 from .template import supported as template_supported
@@ -60,6 +53,11 @@ _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to s
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
 _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
 _fallbacks_logged: set[tuple[str, ...]] = set()
+
+
+class _NotTaken(Exception):
+    """The worker exits without reading the call it was sent (see _late): score did not run, and the call runs on
+    a new worker."""
 
 
 class ProcessExecutor:
@@ -303,8 +301,8 @@ class ProcessExecutor:
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
         """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks).
 
-        A worker that could not take the call (it was gone before it had the call), or died with its template
-        (killed from outside), is replaced and the call runs once more, on a new worker.
+        A worker that could not take the call (it was gone before it had the call, or retires without reading it),
+        or died with its template (killed from outside), is replaced and the call runs once more, on a new worker.
         """
         outcome = self._run_once(request, llm)
         if outcome is None:
@@ -352,8 +350,16 @@ class ProcessExecutor:
         except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
             self._discard(worker)
             raise
+        return self._answer(worker, call_id, llm)
+
+    def _answer(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> Outcome | None:
+        """The outcome of the call `worker` was sent (None: it will not answer it, see run); the worker is then kept
+        for the next call, or replaced."""
         try:
             outcome, keep = self._await(worker, call_id, llm)
+        except _NotTaken:
+            self._discard(worker)
+            return None
         except Gone:
             self._discard(worker)
             if isinstance(worker, ForkedWorker) and worker.returncode is None and not worker.template.alive:
@@ -428,7 +434,7 @@ class ProcessExecutor:
                 ), False
             kind = message.get("kind") if isinstance(message, dict) else None
             if kind == "llm":
-                if not _serve_llm(worker, message, call_id, llm):
+                if not serve_llm(worker, message, call_id, llm):
                     refused += 1
                     if refused > _MAX_REFUSED:
                         return Outcome(
@@ -437,8 +443,11 @@ class ProcessExecutor:
                             f"{MAX_LLM_AT_ONCE} at once a call may make; its worker process was stopped",
                         ), False
             elif kind == "outcome" and message.get("call") == call_id:
+                worker.answered = call_id
                 outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
+            elif _late(message, worker):
+                continue
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
@@ -497,6 +506,20 @@ def checked_again(outcome: Outcome, feedback_limit: int) -> Outcome:
     )
 
 
+def _late(message: Any, worker: WorkerProcess) -> bool:
+    """Whether `message` is the worker's own reply to the call it last answered, which a reply the metric forged
+    answered first (sandbox=True runs hostile code): passed over once, as the worker reads the call in progress
+    next; _NotTaken when it says the worker retires (it then exits without reading it)."""
+    answered, worker.answered = worker.answered, None
+    if answered is None or not isinstance(message, dict) or (message.get("kind"), message.get("call")) != (
+        "outcome", answered
+    ):
+        return False
+    if message.get("retire"):
+        raise _NotTaken
+    return True
+
+
 def _kill_all(
     workers: set[WorkerProcess], loading: set[WorkerProcess], helpers: list[Template], owner: int
 ) -> None:
@@ -532,51 +555,3 @@ def _log_fallback(unsafe: list[str]) -> None:
         "(e.g. OMP_NUM_THREADS=1, the default) may avoid it.",
         ", ".join(unsafe[:5]) + (f" and {len(unsafe) - 5} more" if len(unsafe) > 5 else ""),
     )
-
-
-def _serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
-    """Answer a worker's llm() request on the process's bounded llm() pool, so the call's timeout keeps running
-    meanwhile (`llm` is bound to the call's scope: once the call ends, it stops). False when it was refused at
-    once (too many in flight)."""
-    request_id = message.get("request")
-    if not worker.llm_slots.acquire(blocking=False):
-        _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,
-                                  f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
-        return False
-
-    def answer() -> None:
-        instructions, input_text, settings = message.get("instructions"), message.get("input"), message.get("settings")
-        settings = settings if isinstance(settings, dict) else {}
-        try:
-            if message.get("call") != call_id:
-                raise LLMCallError("llm() was called after its metric call had ended")
-            if llm is None:
-                raise ModelNotConfigured(NO_JUDGE_MODEL)
-            check_llm_arguments(instructions, input_text, settings)  # again here: a worker may write its own request
-            reply = {"kind": "llm_reply", "request": request_id,
-                     "text": str(llm(instructions, input_text, settings))}  # type: ignore[arg-type]  # checked above
-        except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
-            kind = judge_failure(exc)
-            text = exception_text(exc) if kind is None else str(exc)
-            called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
-            reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, text,
-                               called.status if called else None, called.refused if called else False)
-        worker.llm_slots.release()
-        _reply(worker, reply)
-
-    llm_pool.submit(answer)
-    return True
-
-
-def _llm_error(
-    request_id: Any, kind: Failure, message: str, status: int | None = None, refused: bool = False
-) -> dict[str, Any]:
-    error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
-    return {"kind": "llm_reply", "request": request_id, "error": error}
-
-
-def _reply(worker: WorkerProcess, reply: dict[str, Any]) -> None:
-    try:
-        worker.send(wire.to_worker(reply))
-    except (OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting
-        pass

@@ -245,6 +245,7 @@ class ForkedWorker(WorkerProcess):
             raise WorkerError("the metric's template process could not fork a worker")
         self._inner_pid: int = reply["pid"]  # the template's name for it (another one inside a sandbox)
         self._attach(ours, outer, output)
+        self._watch_state()
 
     @property
     def returncode(self) -> int | None:

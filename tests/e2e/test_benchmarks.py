@@ -54,14 +54,15 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 8b. Judge cache in Redis", "| 9a. Worker pool", "| 9b. Worker pool", "| 9c. Worker pool",
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
                 "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
-                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call", "| 10. ", "| 13. ",
+                "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call",
+                "| 11d. Starting a local Ray", "| 12c. The sandboxed pool", "| 10. ", "| 13. ",
                 "| 14. A rubric metric asking 8 judge questions"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None
     assert ("| 6b. Reference: pebble" in printed) == has_pebble
     assert printed.count("bare `score()`") == 4 and printed.count("hand-written LiteLLM metric") == 2
     rows = bench.rows(doc)
-    assert len(rows) == 21 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
+    assert len(rows) == 25 + has_pebble and all(len(row) == 5 and all(row) for row in rows)
     assert all(f"| {' | '.join(row)} |" in printed for row in rows)
     machine = doc["machine"]
     assert machine["cores"] >= 1 and machine["python"].count(".") == 2
@@ -291,7 +292,7 @@ def test_bad_sizes_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--only", "99"])
     assert exit_info.value.code == 2
-    assert "--only takes benchmark numbers 1-13" in capsys.readouterr().err
+    assert "--only takes benchmark numbers 1-14" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--threads", "0,2"])
     assert "threads must be at least 1" in capsys.readouterr().err

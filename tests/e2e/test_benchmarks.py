@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 
 import pytest
@@ -29,8 +30,15 @@ def quick(tmp_path_factory) -> tuple[dict, str]:
 
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
-        assert bench.main(["--quick", "--out", str(out), "--profile", "500"]) == 0
+    # the bench quiets these loggers (run._quiet): put their levels back, or later tests in this worker see no log
+    loggers = [logging.getLogger(name) for name in ("dspy", "gepa", "LiteLLM", "litellm", "httpx", "skynet_dspy")]
+    levels = [found.level for found in loggers]
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+            assert bench.main(["--quick", "--out", str(out), "--profile", "500"]) == 0
+    finally:
+        for found, level in zip(loggers, levels, strict=True):
+            found.setLevel(level)
     return json.loads(out.read_text(encoding="utf-8")), printed.getvalue()
 
 

@@ -63,7 +63,7 @@ def test_the_table_has_every_row_and_the_machine(quick):
                 "| 9d. Worker pool", "| 12a. Per-call overhead, `metric.score(...)` from another thread, "
                 "sandbox=True", "| 12b. Worker start", "| 11a. Per-call overhead, `metric.score(...)` with isolation",
                 "| 11b. CPU-bound metric, `dspy.Evaluate", "| 11c. The driver's CPU per call",
-                "| 11d. Starting a local Ray", "| 12c. The sandboxed pool", "| 10. ", "| 13. ",
+                "| 11d. Starting a local Ray", "| 12c. sandbox=True, a ", "| 12d. sandbox=True, a ", "| 10. ", "| 13. ",
                 "| 14. A rubric metric asking 8 judge questions"):
         assert printed.count(row) == 1, row
     has_pebble = importlib.util.find_spec("pebble") is not None

@@ -131,11 +131,10 @@ def _pool_child(mode: str, path: str) -> dict[str, Any]:
     time.sleep(0.5)  # the workers are idle in their held calls: nothing is being written
     workers = executor.worker_pids
     # every process of the sandboxes: bwrap's own, the template (or a fresh worker's interpreter), the workers
-    sandboxes = {helper.proc.pid for helper in executor._helpers if helper.launcher is not None}
-    sandboxes |= {worker.proc.pid for worker in executor._workers if hasattr(worker, "proc")}
+    sandboxes = {helper.proc.pid for helper in executor._helpers}
     inside = {pid for box in sandboxes for pid in [box, *tree.descendants(box)]}
     memory = {"pool_pss": sum(map(_pss, inside)), "processes": len(inside), "workers": len(workers),
-              "one_worker_rss": max(_rss(worker.metric_pid) for worker in executor._workers)}
+              "one_worker_rss": max(_rss(worker.pid) for worker in executor._workers)}
     memory["ratio"] = memory["pool_pss"] / memory["one_worker_rss"]
     release.touch()
     for thread in threads:

@@ -99,7 +99,8 @@ def _child(mode: str, path: str, calls: int, hang_timeout: float) -> dict[str, A
         thread.join()
     devset = [dspy.Example(sleep=0.05).with_inputs("sleep") for _ in range(4 * WORKERS)]
     dspy.Evaluate(devset=devset, metric=metric, num_threads=WORKERS, display_progress=False)(Sleeper())
-    user, helpers, workers = os.getpid(), [helper.pid for helper in executor._helpers], executor.worker_pids
+    user, workers = os.getpid(), executor.worker_pids
+    helpers = [helper.pid for helper in executor._helpers if helper.pid not in workers]  # a fresh worker is its own
     memory = {
         "user_pss": _pss(user),
         "helpers_pss": sum(map(_pss, helpers)),

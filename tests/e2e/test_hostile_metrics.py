@@ -297,7 +297,7 @@ def _children_running_workers() -> list[int]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"skynet_dspy._core.isolation.worker" in cmdline:
+            if b"skynet_dspy._core.isolation." in cmdline:
                 found.append(pid)
     return found
 

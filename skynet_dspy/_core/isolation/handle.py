@@ -1,8 +1,7 @@
 """One metric worker process, seen from the user's process: started, read from, checked, killed.
 
-The worker is a fresh interpreter (`python -P -c ... FD`, see worker.py) on a socket of its own, with a
-credential-free environment and native thread pools capped, in a session of its own (a worker forked from
-the template is template.ForkedWorker, the same protocol). Its replies are read back as plain data only.
+A worker is forked by the pool's template (template.py) on a socket of its own, in a session of its own, with a
+credential-free environment and native thread pools capped. Its replies are read back as plain data only.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import select
 import signal
 import socket
@@ -19,18 +17,20 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import WorkerError
 from ..secrets import credential_free_environment
-from ..types import MetricInfo
 from . import tree, wire
 
+if TYPE_CHECKING:
+    from .template import Template
+
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
+REQUEST_TIMEOUT = 10.0  # seconds the template may take to fork or reap (it runs no metric code)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
 _NO_MESSAGE = object()  # no whole message received yet
@@ -42,7 +42,6 @@ BOOT_CODE = (
     f"import json, os, sys; sys.path += [p for p in json.loads(os.environ.pop({PATH_VARIABLE!r}, '[]')) "
     "if p not in sys.path]; "
 )
-_WORKER_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.worker import main; main()"
 # Native thread pools a metric's libraries start at import, capped at one thread per worker unless the user set
 # them (as loky and joblib do): N workers x all cores would oversubscribe the machine, and a pool's threads make
 # the template unsafe to fork.
@@ -76,90 +75,59 @@ def exit_text(returncode: int | None) -> str:
 
 
 class WorkerProcess:
-    """One worker process and its socket; used by one calling thread at a time."""
+    """One worker, forked by its template or, `serving`, the template itself (template.py); used by one calling
+    thread at a time."""
 
-    _inner: int | None = None  # the worker itself, when `pid` is a launcher's process above it (a sandbox)
-    _stat: int | None = None  # /proc/PID/stat of the process that runs the metric, kept open (healthy)
-    _closed_by_worker = False  # its end of the socket closed: the worker is exiting (or closed it itself)
-
-    def __init__(self, send_timeout: float, token: str | None = None, launcher: Launcher | None = None) -> None:
+    def __init__(self, template: Template, send_timeout: float, token: str, serving: bool = False) -> None:
         ours, theirs = socket.socketpair()
         set_send_timeout(ours, send_timeout)
-        # marks the worker's environment, so its orphans can be found (tree.py)
-        self.token = token or uuid.uuid4().hex
-        argv = [sys.executable, "-P", "-c", _WORKER_CODE, str(theirs.fileno())]
-        env, cwd = {**worker_environment(), tree.MARK: self.token}, os.getcwd()
-        start = launcher.start if launcher is not None else subprocess.Popen
-        if launcher is None:
-            env[PARENT_VARIABLE] = str(os.getpid())  # it dies with this process (worker.prepare)
         output, written = output_pipe()
+        self.token, self.template, self.serving = token, template, serving  # the token marks its processes (tree.py)
+        self.returncode: int | None = None  # how it ended, as Popen says it (None while it runs or when unknown)
+        self._reaped = False
+        self._closed_by_worker = False  # its end of the socket closed: it is exiting (or closed it itself)
+        self._kill_lock = threading.Lock()
         try:
-            self.proc = spawn(lambda: start(
-                argv,
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=written,
-                stderr=written,
-                start_new_session=True,  # its own process group: killing it kills what it forked
-            ))
-        except BaseException as exc:  # a Ctrl-C while a sandbox starts it too: nothing is left holding
-            ours.close()
-            os.close(output)
-            if isinstance(exc, OSError):
-                raise WorkerError(f"could not start a metric worker process ({sys.executable}): {exc}") from None
-            raise
+            message = {"kind": "serve" if serving else "fork", "token": token}
+            reply = template.request(message, REQUEST_TIMEOUT, [theirs.fileno(), written])
+        except Gone:
+            reply = None
         finally:
             theirs.close()
             os.close(written)
-        try:
-            self._attach(ours, self.proc.pid, output)
-        except BaseException:
-            if self.proc.poll() is None:  # _attach kills a worker that did not start; an interrupt leaves it here
-                self.proc.kill()
-                self.proc.wait()
-            raise
-        # Started through a launcher (a sandbox), the worker is not our child but below it: its state is read in /proc
-        self._inner = _innermost(self.pid) if launcher is not None else None
-        self._watch_state()
-
-    @property
-    def metric_pid(self) -> int:
-        """The process that runs the metric: `pid`, or the worker below a sandbox's own processes."""
-        return self._inner or self.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """How the process ended (as Popen says it), None while it runs or when unknown."""
-        return self.proc.returncode
-
-    def _attach(self, ours: socket.socket, pid: int, output: int) -> None:
-        """Take the worker's socket and the read end of its stdout/stderr, and wait for it to say it is ready."""
+        pid = template.outer_pid(reply["pid"]) if reply and isinstance(reply.get("pid"), int) else None
+        if not reply or reply.get("kind") != "forked" or pid is None:
+            ours.close()
+            os.close(output)
+            raise WorkerError("the metric's template process could not fork a worker")
+        self._inner_pid: int = reply["pid"]  # the template's name for it (another one inside a sandbox)
         self.conn = Connection(ours.detach())
         self.output = Output(output)
         self.send_lock = threading.Lock()
         self.pid = pid
         self.calls = 0  # calls it has answered (for worker_max_calls)
         self.answered: int | None = None  # the call it answered last (its own late reply may follow a forged one)
-        self._pidfd = _pidfd(self.pid)
-        self._poller = select.poll()
-        self._poller.register(self.conn.fileno(), select.POLLIN)
-        self._poller.register(output, select.POLLIN)
-        if self._pidfd is not None:
-            self._poller.register(self._pidfd, select.POLLIN)
-        self.info: MetricInfo | None = None
         self.llm_slots = threading.BoundedSemaphore(MAX_LLM_AT_ONCE)
         self._received = bytearray()  # bytes read from the socket, not yet a whole message
+        try:
+            self._pidfd = os.pidfd_open(pid)  # readable once the process exits: no polling for its death
+            # kept open for healthy(): it stays this process's whatever reuses the pid (`make bench` row 9d)
+            self._stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # gone already (reaped inside a sandbox): its socket's end says so
+            self._pidfd = self._stat = -1
+        self._poller = select.poll()
+        for fd in (self.conn.fileno(), output, self._pidfd):
+            if fd >= 0:
+                self._poller.register(fd, select.POLLIN)
         try:
             ready = self.wait(time.monotonic() + STARTUP_TIMEOUT)
         except Gone:
             ready = None
         if not (isinstance(ready, dict) and ready.get("kind") == "ready"):
             self.kill()
-            written = self.output.take()
+            said = self.output.take()
             raise WorkerError(f"a metric worker process did not start ({exit_text(self.returncode)})"
-                              + (f"; its output: {written}" if written else ""))
+                              + (f"; its output: {said}" if said else ""))
 
     def send(self, data: bytes) -> None:
         with self.send_lock:
@@ -168,9 +136,8 @@ class WorkerProcess:
     def wait(self, deadline: float) -> Any:
         """The worker's next message, or None at the deadline; Gone when the process is gone.
 
-        Bytes are read as they come and framed here (multiprocessing.Connection's framing), so bytes a metric
-        writes into its worker's socket (half a frame, a header announcing a gigabyte) cannot make this wait past
-        the deadline: the sandbox runs hostile code on this same path.
+        Bytes are framed here as they come (multiprocessing.Connection's framing), so what a metric writes into
+        its socket (half a frame, a header announcing a gigabyte) cannot make this wait past the deadline.
         """
         conn_fd = self.conn.fileno()
         while True:
@@ -180,10 +147,6 @@ class WorkerProcess:
             message = self._message()
             if message is not _NO_MESSAGE:
                 return message
-            if self._pidfd is None:  # no pidfd (not Linux): look at the process every quarter second
-                remaining = min(remaining, 0.25)
-                if self.proc.poll() is not None and not self.conn.poll(0):
-                    raise Gone
             events = self._read_output(self._poller.poll(math.ceil(remaining * 1000)))
             if not events:
                 continue
@@ -194,7 +157,7 @@ class WorkerProcess:
             except OSError:
                 chunk = b""
             if not chunk:
-                self._closed_by_worker = True  # it is exiting, most likely: kill() gives it a moment
+                self._closed_by_worker = True
                 raise Gone
             self._received += chunk
 
@@ -207,8 +170,8 @@ class WorkerProcess:
         return [event for event in events if event[0] != self.output.fd]
 
     def _message(self) -> Any:
-        """The next whole message received (multiprocessing.Connection's framing), or _NO_MESSAGE; Gone for what no
-        worker of ours sends (a size past wire.MAX_MESSAGE, or what is not plain data)."""
+        """The next whole message received, or _NO_MESSAGE; Gone for what no worker of ours sends (a size past
+        wire.MAX_MESSAGE, or what is not plain data)."""
         if len(self._received) < 4:
             return _NO_MESSAGE
         size = struct.unpack("!i", self._received[:4])[0]
@@ -228,53 +191,64 @@ class WorkerProcess:
         reply (what a call left behind, a timer or a thread of the metric's, may have stopped it or written to it)."""
         if self._received or any(fd != self.output.fd for fd, _ in self._poller.poll(0)):
             return False
-        if self._stat is None:  # no /proc to read (not Linux)
-            return True
         try:
             state = os.pread(self._stat, 1024, 0).rpartition(b")")[2].split()[0]
         except (OSError, IndexError):
             return False
         return state not in (b"T", b"t", b"Z", b"X")  # stopped, traced, or exited
 
-    def _watch_state(self) -> None:
-        """Keep the metric's process's /proc stat file open for healthy(): it stays this process's whatever reuses
-        the pid, and a read costs a few µs where opening it each time took 15 (`make bench` row 9d)."""
-        try:
-            self._stat = os.open(f"/proc/{self.metric_pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._stat = None
-
     def kill(self) -> None:
-        """Kill the worker and everything it started, and reap it (no zombie is left): what left its process group
-        (setsid) is found in its tree or by its mark (tree.py), and killed with the group."""
-        if self._inner is not None and self.proc.poll() is None and (
-            self._closed_by_worker or _state(self._inner) in (None, b"Z", b"X")
-        ):
-            try:  # the worker under a sandbox ended (its socket closes before it is a zombie): bubblewrap exits with
-                # its status in a moment
-                self.proc.wait(_STOP_GRACE)
-            except subprocess.TimeoutExpired:
+        """Kill the worker and everything it started, found in its tree or by its mark (tree.py), and reap it (once,
+        when two threads kill it at the same time): no zombie is left."""
+        with self._kill_lock:
+            if self._reaped:
+                return
+            self._reaped = True
+            template = self.template
+            if self.serving:
+                if self._closed_by_worker or self._exited(0):
+                    try:  # it ended itself: a sandbox's bwrap exits with its status in a moment
+                        template.proc.wait(_STOP_GRACE)
+                    except subprocess.TimeoutExpired:
+                        pass
+                tree.kill_descendants(template.pid, self.token)
+                if template.alive:
+                    self._signal()
+                template.kill()
+                self.returncode = template.proc.returncode
+            elif self._exited(0) and not template.alive:
+                # it died with the template and was reaped by init: its pid may be another process's by now, so
+                # only what carries its mark is killed
+                tree.kill_marked(self.token)
+            else:
+                tree.kill_descendants(self.pid, self.token)
+                self._signal()
+                self._exited(STARTUP_TIMEOUT / 10)
+                self.returncode = template.reap(self._inner_pid)
+            self._close()
+
+    def _signal(self) -> None:
+        for kill in (os.killpg, os.kill):  # its process group: what it forked
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
-        tree.kill_descendants(self.pid, self.token)
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()
-        self._close()
 
     def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not within a second."""
         try:
             self.send(wire.to_worker({"kind": "stop"}))
-            self.proc.wait(_STOP_GRACE)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self._exited(_STOP_GRACE)
+        except (OSError, ValueError):
             pass
         self.kill()
+
+    def _exited(self, seconds: float) -> bool:
+        """Whether the worker exited, waiting at most `seconds` (its pidfd turns readable)."""
+        try:
+            return bool(select.select([self._pidfd], [], [], seconds)[0])
+        except (OSError, ValueError):
+            return True
 
     def _close(self) -> None:
         with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
@@ -283,11 +257,9 @@ class WorkerProcess:
             except OSError:
                 pass
             # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
-            pidfd, self._pidfd = self._pidfd, None
-            output, self.output.fd = self.output.fd, -1
-            stat, self._stat = self._stat, None
-        for fd in (pidfd, output, stat):
-            if fd is not None and fd >= 0:
+            fds, self.output.fd, self._pidfd, self._stat = (self.output.fd, self._pidfd, self._stat), -1, -1, -1
+        for fd in fds:
+            if fd >= 0:
                 os.close(fd)
 
 
@@ -305,40 +277,9 @@ def private_memory(pid: int) -> int | None:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as file:
             text = file.read()
     except OSError:
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as file:
-                return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return None
-    total = 0
-    for line in text.splitlines():
-        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
-            total += int(line.split()[1]) * 1024
-    return total
-
-
-def _innermost(pid: int) -> int | None:
-    """The process at the bottom of the chain below `pid` (the worker under a sandbox's own processes)."""
-    below = tree.descendants(pid)
-    parents = {child: tree.parent(child) for child in below}
-    leaves = [child for child in below if child not in parents.values()]
-    return leaves[0] if len(leaves) == 1 else None
-
-
-def _state(pid: int) -> bytes | None:
-    """The state letter of `pid` in /proc (R, S, T, Z...), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            return bytes(file.read().rpartition(b")")[2].split()[0])
-    except (OSError, IndexError):
         return None
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)  # readable once the process exits: no polling for its death
-    except (AttributeError, OSError):
-        return None
+    private = (line for line in text.splitlines() if line.startswith((b"Private_Clean:", b"Private_Dirty:")))
+    return sum(int(line.split()[1]) * 1024 for line in private)
 
 
 class Output:
@@ -388,44 +329,28 @@ def output_pipe() -> tuple[int, int]:
 
 
 _T = TypeVar("_T")
-_spawner: tuple[int, queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]] | None = None
+_spawners: dict[int, ThreadPoolExecutor] = {}
 _spawner_lock = threading.Lock()
 
 
 def spawn(start: Callable[[], _T]) -> _T:
-    """`start()` (it starts a process) on one thread that lives as long as this process.
-
-    The kernel's parent-death signal (PR_SET_PDEATHSIG, which every template and worker asks for: see
-    worker.prepare) fires when the *thread* that started the process ends, and a calling thread (DSPy's) may
-    end any time.
-    """
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a fork of this process inherited it
-            _spawner = (os.getpid(), queue.SimpleQueue())
-            threading.Thread(target=_serve_spawns, args=(_spawner[1],), name="skynet-spawner", daemon=True).start()
-        requests = _spawner[1]
-    done: Future[_T] = Future()
-    requests.put((start, done))
+    """`start()` (it starts a process) on one thread that lives as long as this process: the kernel's parent-death
+    signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a calling
+    thread (DSPy's) may end any time."""
+    with _spawner_lock:  # a fork of this process gets a spawner of its own
+        if os.getpid() not in _spawners:
+            _spawners[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="skynet-spawner")
+        started = _spawners[os.getpid()].submit(start)
     try:
-        return done.result()
+        return started.result()
     except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
-        done.add_done_callback(_kill_started)
+        started.add_done_callback(_kill_started)
         raise
 
 
 def _kill_started(started: Future[Any]) -> None:
     if started.exception() is None and isinstance(started.result(), subprocess.Popen):
         started.result().kill()
-
-
-def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
-    while True:
-        start, done = requests.get()
-        try:
-            done.set_result(start())
-        except BaseException as exc:  # noqa: BLE001 - given to the caller, which raises it
-            done.set_exception(exc)
 
 
 def worker_environment() -> dict[str, str]:

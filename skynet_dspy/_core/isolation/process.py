@@ -1,22 +1,12 @@
 """isolation="process" (the default): score runs in worker processes that the user's process can kill.
 
-A small pool per metric, grown lazily to the concurrency the caller uses (DSPy's or GEPA's threads),
-up to `max_workers`, reused across calls. Each call is one exchange on the worker's own socket: the
-calling thread sends the call, serves the worker's llm() requests on helper threads meanwhile, and
-waits at most the timeout. A worker that passes it is killed with its whole process group (SIGKILL:
-nothing a metric does can block it) and reaped; so is a worker that exits, crashes or forks. The next
-call starts a fresh one.
-
-Workers are forked from a template process that imported the metric once (template.py: milliseconds per
-worker, loaded models shared), or, when that is unsafe, started as fresh interpreters (handle.py); either
-way never a fork of the user's process (DSPy's and LiteLLM's threads), and the user's own script is never
-re-run (multiprocessing's spawn and forkserver re-import the main module in every worker). A call waits for
-whichever worker is ready first, and that wait is not charged to its timeout.
-
-pebble's ProcessPool round trip of a trivial function alone takes about as long as this module's whole call
-(`make bench`, row 6b), and its shared task channel would let a process forked inside score take tasks: so
-this module manages its processes itself. handle.py is one worker process, source.py how a worker finds the
-metric, worker.py the worker's own loop, relay.py its llm() requests answered here.
+A pool per metric, grown lazily to the concurrency used (up to `max_workers`) and reused across calls. A call is
+one exchange on its worker's own socket, under the timeout; a worker past it is killed with everything it started
+(SIGKILL) and reaped, as is one that exits, crashes or forks. Workers are forked from a template that imported the
+metric once (template.py), or started as fresh interpreters when that is unsafe (handle.py): never a fork of the
+user's process, and never a re-run of the user's script. Waiting for a worker to start is not charged to a call.
+pebble's pool round trip alone takes about this module's whole call (`make bench`, row 6b), so the processes
+are managed here.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ import threading
 import time
 import uuid
 import weakref
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from ..call import CallRequest
@@ -42,8 +32,7 @@ from . import wire
 from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, Launcher, WorkerProcess, exit_text, private_memory
 from .relay import serve_llm
 from .source import source_spec
-from .template import ForkedWorker, Template
-from .template import supported as template_supported
+from .template import Template, supported
 
 DEFAULT_MAX_WORKERS = 32
 START_MODES = ("template", "fresh")
@@ -55,18 +44,13 @@ _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing 
 _fallbacks_logged: set[tuple[str, ...]] = set()
 
 
-class _NotTaken(Exception):
-    """The worker exits without reading the call it was sent (see _late): score did not run, and the call runs on
-    a new worker."""
-
-
 class ProcessExecutor:
-    """The metric in worker processes: imported once in a template process that forks workers as calls need
-    them (template.py), or, when forking is unsafe, in each fresh interpreter (handle.py).
+    """The metric in worker processes, forked from a template that imported it once (template.py), or each a
+    template of its own when forking is unsafe.
 
     `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
-    own between calls (mid-call, the call fails as `memory`); `start` forces a start mode (START_MODES);
-    `launcher` starts the template, or each fresh worker, another way (sandbox.py: in bubblewrap).
+    own between calls (mid-call, the call fails as `memory`); `launcher` starts the templates another way
+    (sandbox.py: in bubblewrap).
     """
 
     def __init__(
@@ -78,26 +62,23 @@ class ProcessExecutor:
         *,
         max_calls: int | None = None,
         max_memory: int | None = None,
-        start: str | None = None,
         launcher: Launcher | None = None,
     ):
         self.timeout = timeout
-        self.launcher = launcher  # how each worker is started (sandbox.py: inside bubblewrap); None: as is
+        self.launcher = launcher
         self.feedback_limit = feedback_limit
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self.max_calls = max_calls
         self.max_memory = max_memory
-        # sandboxed, the template itself starts inside bubblewrap and forks the workers in there
-        self.start_mode = _start_mode(start)
+        self.start_mode = _start_mode()
         # a call waits this long at most for a worker to start; it is never charged to the call's timeout
         self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
         self._cond = threading.Condition()
-        self._helper_lock = threading.Lock()  # one template (re)started at a time
+        self._helper_lock = threading.Lock()
         self._idle: list[WorkerProcess] = []
         self._workers: set[WorkerProcess] = set()  # every live worker, busy or idle
-        self._loading: set[WorkerProcess] = set()  # fresh workers still importing the metric
-        self._helpers: list[Template] = []  # the template, or the warden of fresh workers
+        self._helpers: set[Template] = set()  # every live template: the pool's, or each fresh worker's
         self._template: Template | None = None
         self._starting = 0
         self._waiting = 0  # calls waiting for a worker
@@ -109,27 +90,24 @@ class ProcessExecutor:
         self._call_ids = itertools.count(1)
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._helpers, self._owner)
         try:
-            if self.start_mode == "template":
-                self.info: MetricInfo = self._load_template(timeout)  # a MetricLoadError here is load_metric()'s
-            worker = self._new_worker(timeout)
+            worker = self._new_worker(timeout)  # a MetricLoadError here is load_metric()'s
         except BaseException:
-            self._finalizer()  # the template or warden started so far goes now, not when this is collected
+            self._finalizer()  # the template started so far goes now, not when this is collected
             raise
-        if self.start_mode == "fresh":
-            self.info = worker.info  # type: ignore[assignment]
+        self.info: MetricInfo = worker.template.info  # type: ignore[assignment]  # set by _loaded
         with self._cond:
             self._workers.add(worker)
         self._release(worker)
 
     # -- starting workers ------------------------------------------------------------------------
 
-    def _load_template(self, seconds: float) -> MetricInfo:
-        """Import the metric in a new template (within `seconds` of its start); falls back to fresh workers when
-        it cannot be forked safely."""
+    def _loaded(self, seconds: float) -> Template:
+        """A new template that imported the metric (within `seconds` of its start)."""
         template = Template(self._pool, self.launcher)
-        self._helpers.append(template)
+        with self._cond:
+            self._helpers.add(template)
         try:
             try:
                 reply = template.load(self._spec, self.feedback_limit, seconds)
@@ -139,22 +117,16 @@ class ProcessExecutor:
                     f"importing the metric {exit_text(template.proc.returncode)} (in its template process); fix the "
                     "module-level code so the file imports cleanly"
                 ) from None
-            info = self._loaded_info(reply)
+            template.info = self._loaded_info(reply)
         except BaseException:
-            self._drop_helper(template)
+            self._drop(template)
             raise
-        if template.unsafe:
-            _log_fallback(template.unsafe)
-            self._drop_helper(template)
-            self.start_mode = "fresh"
-        else:
-            self._template = template
-        return info
+        return template
 
-    def _drop_helper(self, helper: Template) -> None:
-        helper.close()
-        if helper in self._helpers:
-            self._helpers.remove(helper)
+    def _drop(self, template: Template) -> None:
+        template.close()
+        with self._cond:
+            self._helpers.discard(template)
 
     def _loaded_info(self, reply: Any) -> MetricInfo:
         """What a `load` reply says of the metric; MetricLoadError (or FileNotFoundError) when it did not load."""
@@ -173,47 +145,29 @@ class ProcessExecutor:
         return wire.info_from_plain(reply["info"])
 
     def _new_worker(self, seconds: float) -> WorkerProcess:
-        """A new worker with the metric loaded: forked from the template, or a fresh interpreter that imports it
-        (within `seconds` of its start)."""
+        """A new worker with the metric loaded: forked from the template, or (the template unsafe to fork) a new
+        template that imports it and serves the calls itself (within `seconds` of its start)."""
         token = f"{self._pool}.{uuid.uuid4().hex}"
-        if self.start_mode == "template":
-            with self._helper_lock:
-                if self._template is None or not self._template.alive:  # killed from outside: import again
-                    if self._template is not None:
-                        self._drop_helper(self._template)
-                        self._template = None
-                    self._load_template(seconds)
-                template = self._template
-            if template is not None:
-                return ForkedWorker(template, self.timeout, token)
         with self._helper_lock:
-            if not any(helper.alive for helper in self._helpers):  # the warden: ends the workers with this process
-                self._helpers.clear()
-                self._helpers.append(Template(self._pool))
-        worker = WorkerProcess(self.timeout, token, self.launcher)
-        with self._cond:
-            self._loading.add(worker)
+            template = self._template
+            if self.start_mode == "template" and (template is None or not template.alive):  # none yet, or killed
+                if template is not None:
+                    self._drop(template)
+                self._template = template = self._loaded(seconds)
+                if template.unsafe:
+                    _log_fallback(template.unsafe)
+                    self.start_mode, self._template = "fresh", None
+                    return self._served(template, token)
+        if template is not None and self.start_mode == "template":
+            return WorkerProcess(template, self.timeout, token)
+        return self._served(self._loaded(seconds), token)
+
+    def _served(self, template: Template, token: str) -> WorkerProcess:
         try:
-            worker.send(wire.to_worker({"kind": "load", "spec": self._spec, "feedback_limit": self.feedback_limit}))
-            try:
-                reply = worker.wait(time.monotonic() + seconds)
-            except Gone:
-                worker.kill()
-                raise MetricLoadError(
-                    f"importing the metric {exit_text(worker.returncode)} (in its worker process); fix the "
-                    "module-level code so the file imports cleanly"
-                ) from None
-            worker.info = self._loaded_info(reply)
-            printed = worker.output.take()  # what its import printed: not its first call's
-            if printed:
-                logger.debug("skynet-dspy: importing the metric in a worker process printed:\n%s", printed)
+            return WorkerProcess(template, self.timeout, token, serving=True)
         except BaseException:
-            worker.kill()
+            self._drop(template)
             raise
-        finally:
-            with self._cond:
-                self._loading.discard(worker)
-        return worker
 
     def _grow(self) -> None:
         """Start one worker in the background; waiting calls take it, or whichever worker is idle first."""
@@ -284,6 +238,8 @@ class ProcessExecutor:
         worker.kill()
         with self._cond:
             self._workers.discard(worker)
+            if worker.serving:
+                self._helpers.discard(worker.template)
             self._cond.notify_all()  # room for a new worker: a waiting call may start one
 
     def _retire(self, worker: WorkerProcess) -> bool:
@@ -292,31 +248,27 @@ class ProcessExecutor:
         if self.max_calls is not None and worker.calls >= self.max_calls:
             return True
         if self.max_memory is not None:
-            used = private_memory(worker.metric_pid)
+            used = private_memory(worker.pid)
             return used is not None and used > self.max_memory
         return False
 
     # -- a call ----------------------------------------------------------------------------
 
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
-        """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks).
-
-        A worker that could not take the call (it was gone before it had the call, or retires without reading it),
-        or died with its template (killed from outside), is replaced and the call runs once more, on a new worker.
-        """
-        outcome = self._run_once(request, llm)
-        if outcome is None:
+        """One call of score in a worker; an Outcome whatever the metric does (loops, hangs, exits, forks). A worker
+        that could not take the call, or died with its template, is replaced and the call runs once more."""
+        for _ in range(2):
             outcome = self._run_once(request, llm)
-        if outcome is None:
-            return Outcome(
-                failure=Failure.CRASHED,
-                detail="two metric worker processes in a row could not take the call (score shut or stopped them, "
-                "or their template was killed); both were replaced",
-            )
-        return outcome
+            if outcome is not None:
+                return outcome
+        return Outcome(
+            failure=Failure.CRASHED,
+            detail="two metric worker processes in a row could not take the call (score shut or stopped them, "
+            "or their template was killed); both were replaced",
+        )
 
     def _run_once(self, request: CallRequest, llm: LLMHandler | None) -> Outcome | None:
-        """One attempt at the call; None when the worker was gone through no fault of this call (see run)."""
+        """One attempt at the call; None when the worker was gone through no fault of this call."""
         try:
             worker = self._acquire()
             while not worker.healthy():  # it exited (an earlier call, its template killed) or spoke out of turn
@@ -327,13 +279,8 @@ class ProcessExecutor:
         except WorkerError as exc:
             return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
         call_id = next(self._call_ids)
-        observation = asdict(request.observation) if request.observation is not None else None
         try:
-            data = wire.to_worker({
-                "kind": "call", "call": call_id, "input": request.input, "output": request.output,
-                "expected": request.expected, "observation": observation,
-                "unmeasured_reason": request.unmeasured_reason,
-            })
+            data = wire.to_worker({"kind": "call", "call": call_id, "request": request})
         except Exception as exc:
             self._release(worker)
             return Outcome(
@@ -353,16 +300,14 @@ class ProcessExecutor:
         return self._answer(worker, call_id, llm)
 
     def _answer(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> Outcome | None:
-        """The outcome of the call `worker` was sent (None: it will not answer it, see run); the worker is then kept
+        """The outcome of the call `worker` was sent (None: it died with its template); the worker is then kept
         for the next call, or replaced."""
+        scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
         try:
-            outcome, keep = self._await(worker, call_id, llm)
-        except _NotTaken:
-            self._discard(worker)
-            return None
+            outcome, keep = self._await(worker, call_id, scope.bind(llm))
         except Gone:
             self._discard(worker)
-            if isinstance(worker, ForkedWorker) and worker.returncode is None and not worker.template.alive:
+            if not worker.serving and worker.returncode is None and not worker.template.alive:
                 return None  # it died with its template, killed from outside: not the metric's doing
             return self._with_output(worker, Outcome(
                 failure=Failure.CRASHED,
@@ -381,6 +326,8 @@ class ProcessExecutor:
         except BaseException:  # a Ctrl-C in the user's process: it propagates, and no worker is lost to the pool
             self._discard(worker)
             raise
+        finally:
+            scope.end()
         outcome = self._with_output(worker, outcome)
         if keep and not self._retire(worker):
             self._release(worker)
@@ -404,29 +351,20 @@ class ProcessExecutor:
         return replace(outcome, result=result, output=output)
 
     def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
-        scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
-        try:
-            return self._await_in(worker, call_id, scope.bind(llm))
-        finally:
-            scope.end()
-
-    def _await_in(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         deadline = time.monotonic() + self.timeout
         refused = 0
         while True:
-            if self.max_memory is None:
-                message = worker.wait(deadline)
-            else:
-                message = worker.wait(min(deadline, time.monotonic() + _MEMORY_CHECK))
-                if message is None and time.monotonic() < deadline:
-                    used = private_memory(worker.metric_pid)
-                    if used is not None and used > self.max_memory:
-                        return Outcome(
-                            failure=Failure.MEMORY,
-                            detail=f"score()'s worker process held {used / 2**20:.0f} MiB, past worker_max_memory "
-                            f"({self.max_memory / 2**20:.0f} MiB); it was stopped and is replaced",
-                        ), False
-                    continue
+            limit = self.max_memory
+            message = worker.wait(deadline if limit is None else min(deadline, time.monotonic() + _MEMORY_CHECK))
+            if message is None and limit is not None and time.monotonic() < deadline:
+                used = private_memory(worker.pid)
+                if used is not None and used > limit:
+                    return Outcome(
+                        failure=Failure.MEMORY,
+                        detail=f"score()'s worker process held {used / 2**20:.0f} MiB, past worker_max_memory "
+                        f"({limit / 2**20:.0f} MiB); it was stopped and is replaced",
+                    ), False
+                continue
             if message is None:
                 return Outcome(
                     failure=Failure.TIMEOUT,
@@ -446,8 +384,8 @@ class ProcessExecutor:
                 worker.answered = call_id
                 outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
                 return outcome, not message.get("retire")
-            elif _late(message, worker):
-                continue
+            elif kind == "outcome" and message.get("call") == worker.answered:
+                worker.answered = None  # the last call's own reply, after one the metric forged: passed over
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
@@ -470,12 +408,12 @@ class ProcessExecutor:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""
         self._cond = threading.Condition()
         self._helper_lock = threading.Lock()
-        self._idle, self._workers, self._loading, self._starting, self._waiting = [], set(), set(), 0, 0
-        self._helpers, self._template = [], None  # a new template starts with the next worker
+        self._idle, self._workers, self._helpers, self._starting, self._waiting = [], set(), set(), 0, 0
+        self._template = None  # a new template starts with the next worker
         self._owner = os.getpid()
         self._pool = uuid.uuid4().hex
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._loading, self._helpers, self._owner)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._helpers, self._owner)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -506,38 +444,24 @@ def checked_again(outcome: Outcome, feedback_limit: int) -> Outcome:
     )
 
 
-def _late(message: Any, worker: WorkerProcess) -> bool:
-    """Whether `message` is the worker's own reply to the call it last answered, which a reply the metric forged
-    answered first (sandbox=True runs hostile code): passed over once, as the worker reads the call in progress
-    next; _NotTaken when it says the worker retires (it then exits without reading it)."""
-    answered, worker.answered = worker.answered, None
-    if answered is None or not isinstance(message, dict) or (message.get("kind"), message.get("call")) != (
-        "outcome", answered
-    ):
-        return False
-    if message.get("retire"):
-        raise _NotTaken
-    return True
-
-
-def _kill_all(
-    workers: set[WorkerProcess], loading: set[WorkerProcess], helpers: list[Template], owner: int
-) -> None:
+def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -> None:
     if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
         return
-    for worker in [*workers, *loading]:
+    for worker in list(workers):
         worker.kill()
-    workers.clear()
     for helper in list(helpers):
         helper.close()
+    workers.clear()
     helpers.clear()
 
 
-def _start_mode(start: str | None) -> str:
-    mode = start or os.environ.get(START_VARIABLE) or "template"
+def _start_mode() -> str:
+    if not supported():
+        raise WorkerError("worker processes need Linux 5.3 or newer (fork, pidfds); use isolation='thread' here")
+    mode = os.environ.get(START_VARIABLE) or "template"
     if mode not in START_MODES:
-        raise ValueError(f"the worker start mode must be one of {START_MODES}, got {mode!r}")
-    return mode if mode == "fresh" or template_supported() else "fresh"
+        raise ValueError(f"{START_VARIABLE} must be one of {START_MODES}, got {mode!r}")
+    return mode
 
 
 def _log_fallback(unsafe: list[str]) -> None:

@@ -1,8 +1,5 @@
-"""llm() inside a worker: its requests are answered here, in the user's process, which holds the judge and its keys.
-
-Each request runs on the process's bounded llm() pool, so the call's timeout keeps running meanwhile; a worker
-sends what it likes (sandbox=True runs hostile code), so every request is checked here again.
-"""
+"""llm() inside a worker, answered here in the user's process (which holds the judge and its keys) on the bounded
+llm() pool, so the call's timeout keeps running; every request is checked again (a worker may write its own)."""
 
 from __future__ import annotations
 
@@ -17,9 +14,8 @@ from .handle import MAX_LLM_AT_ONCE, WorkerProcess
 
 
 def serve_llm(worker: WorkerProcess, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
-    """Answer a worker's llm() request on the process's bounded llm() pool, so the call's timeout keeps running
-    meanwhile (`llm` is bound to the call's scope: once the call ends, it stops). False when it was refused at
-    once (too many in flight)."""
+    """Answer a worker's llm() request (`llm` is bound to the call's scope); False when it was refused at once (too
+    many in flight)."""
     request_id = message.get("request")
     if not worker.llm_slots.acquire(blocking=False):
         _reply(worker, _llm_error(request_id, Failure.JUDGE_ERROR,

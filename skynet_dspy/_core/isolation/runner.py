@@ -1,13 +1,8 @@
 """Plain GEPA's run(artifact, input) in worker processes (run_isolation="process"), on the metric's machinery.
 
-`run` is dressed as a score function (`as_score`) and handed to a ProcessExecutor like any metric: the same
-workers, timeout, kill of whatever it started, and sandbox. What run returned comes back as plain data in
-the Result's extra values; an exception it raised comes back as text, as it would in this process.
-
-Each call runs in a worker of its own, forked from the template that imported run (or run.py) and never ran
-it: nothing one candidate's code changed in its process (a patched builtin, a module global, a thread it
-left) reaches another candidate's call. Sandboxed (run_isolation="sandbox", or the metric's sandbox=True),
-that template and its workers are inside a bubblewrap sandbox of their own, apart from the metric's.
+`run` is dressed as a score function (`as_score`) and handed to a ProcessExecutor with max_calls=1: each call runs
+in a worker of its own, forked from a template that imported run and never ran it, so nothing one candidate
+changed in its process reaches another's. Sandboxed, that template is in a sandbox of its own.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own.
 
-The pool is the default one (process.py): its template is started here, inside a sandbox, imports the metric
-once and forks the workers in there (template.py), so a loaded model is shared; a fresh worker (the template
-unsafe to fork) gets a sandbox of its own. A sandbox has its own PID namespace (its processes see and can
-signal only each other, and all die with it), no network unless asked, a read-only view of what Python needs
-(the interpreter, its libraries, the import path, the metric's folder) and never a whole home folder, a
-private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even when the user is
-root), and the system calls of seccomp.py refused. Nothing in it holds a handle on the user's process (a pidfd
-would let it signal that process): bwrap's --die-with-parent ends the sandbox when the user's process ends,
-from the thread that started it (_Spawner). bubblewrap is Flatpak's sandbox, a small setuid-free C program; no
-Python library does this, so the command line is built here.
-
-bwrap is started with the worker's credential-free environment (its own init process, PID 1 inside, keeps
-the environment it was started with, readable in /proc/1/environ), so nothing else is put on its command
-line. A machine where bwrap is missing or cannot create namespaces is a clear error, never a silent
-unsandboxed run: `Sandbox.check()` starts one real sandbox at load_metric().
+The template starts inside a sandbox and forks the workers in there (template.py); a fresh worker gets a sandbox
+of its own. A sandbox has its own PID namespace, no network unless asked, a read-only view of what Python needs
+(never a home folder), a private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even
+as root), and seccomp.py's calls refused. bwrap gets the credential-free environment (its init keeps it) and
+--die-with-parent (it is started on handle.spawn's long-lived thread). No bwrap or no namespaces is a clear
+error (`Sandbox.check()`), never an unsandboxed run.
 """
 
 from __future__ import annotations
@@ -27,13 +18,14 @@ import site
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import WorkerError
+from ..secrets import credential_free_environment
 from . import seccomp
 
 INSTALL_HINT = (
@@ -62,7 +54,6 @@ _LIMIT_CODE = (
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
 
-_T = TypeVar("_T")
 _checked: set[tuple[str, ...]] = set()  # command lines that started a trial sandbox in this process
 _check_lock = threading.Lock()
 
@@ -85,13 +76,10 @@ class Sandbox:
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
         """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
 
-        def start() -> subprocess.Popen[bytes]:
-            with seccomp.program() as rules:  # read by bwrap as it starts
-                wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
-                pass_fds = (*popen.pop("pass_fds", ()), rules)
-                return subprocess.Popen(wrapped, env=inside_env, cwd=inside_cwd, pass_fds=pass_fds, **popen)
-
-        return _spawner().run(start)
+        with seccomp.program() as rules:  # read by bwrap as it starts
+            wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
+            pass_fds = (*popen.pop("pass_fds", ()), rules)
+            return subprocess.Popen(wrapped, env=inside_env, cwd=inside_cwd, pass_fds=pass_fds, **popen)
 
     def wrap(
         self, argv: Sequence[str], env: dict[str, str], cwd: str, rules: int | None = None
@@ -145,7 +133,7 @@ class Sandbox:
             raise WorkerError(f"sandbox=True runs on x86-64 and arm64 (seccomp.py); this is {platform.machine()}")
         bwrap = self.bwrap or find_bwrap()
         trial = Sandbox(self.network, self.read_only, self.max_memory, bwrap)
-        command, plain = [sys.executable, "-I", "-c", "pass"], _plain_environment()
+        command, plain = [sys.executable, "-I", "-c", "pass"], credential_free_environment()
         key = tuple(trial.wrap(command, plain, os.getcwd())[0])
         with _check_lock:
             if key in _checked:
@@ -193,54 +181,6 @@ def sandbox_for(
     return found
 
 
-class _Spawner:
-    """One long-lived thread that starts every sandbox of this process.
-
-    `bwrap --die-with-parent` is PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, not
-    the process: a worker started on one of DSPy's or GEPA's short-lived threads would be killed when that
-    thread finished. Started from this thread, which lives as long as the process, the sandboxes die with
-    the user's process and only then (measured: a worker started on a thread that ended got SIGKILL).
-    """
-
-    def __init__(self) -> None:
-        import queue
-
-        self.owner = os.getpid()
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="skynet-sandbox-spawner", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            work, box, done = self._tasks.get()
-            try:
-                box["value"] = work()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                box["error"] = exc
-            done.set()
-
-    def run(self, work: Callable[[], _T]) -> _T:
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        self._tasks.put((work, box, done))
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        value: _T = box["value"]
-        return value
-
-
-_spawners: dict[int, _Spawner] = {}
-
-
-def _spawner() -> _Spawner:
-    """This process's spawner (a fork of the user's process gets its own: threads do not survive a fork)."""
-    with _check_lock:
-        found = _spawners.get(os.getpid())
-        if found is None:
-            found = _spawners[os.getpid()] = _Spawner()
-        return found
-
-
 def find_bwrap() -> str:
     """The path of `bwrap` on PATH, or a WorkerError saying how to install it."""
     found = shutil.which("bwrap")
@@ -266,10 +206,7 @@ def folders_of(source: Any) -> tuple[str, ...]:
 
 
 def _readable(extra: Iterable[str]) -> list[str]:
-    """What a worker may read besides the system: the interpreter's prefixes, the import path, `extra`.
-
-    Only what exists, each once (a path under another one already given is left out).
-    """
+    """What a worker may read besides the system (_candidates): only what exists, each once (not under another)."""
     homes = _homes()
     found: list[str] = []
     for path in sorted({os.path.abspath(path) for path in _candidates(extra) if path}, key=len):
@@ -310,8 +247,3 @@ def _homes() -> set[str]:
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
-
-def _plain_environment() -> dict[str, str]:
-    from ..secrets import credential_free_environment
-
-    return credential_free_environment()

@@ -1,12 +1,9 @@
 """The system calls a sandboxed process may not make: a seccomp program bubblewrap loads (`bwrap --seccomp FD`).
 
-A sandbox without network still sees the unix socket files of the folders it may read (the metric's, /tmp
-of the host if it were readable, a daemon's socket under /usr), and connecting to one needs only that it be
-writable: so `socket(AF_UNIX, ...)` fails (`socketpair`, which the workers talk over, is another call).
-Reading another sandboxed process's memory (ptrace, process_vm_readv), the kernel's key rings, io_uring (which
-makes sockets beside these rules) and perf events are refused too. Run by root, the sandbox's processes are
-the host's uid 0 without capabilities, which still owns the host's device nodes bound into /dev: changing a
-file's mode or owner fails as well. Each refusal is EPERM, so a metric sees an ordinary error.
+`socket(AF_UNIX, ...)` (a unix socket file in a readable folder is reachable without network; `socketpair`, which
+the workers talk over, is another call), reading another process's memory (ptrace, process_vm_readv), key rings,
+io_uring, perf events, and changing a file's mode or owner (root's sandbox still owns the host's device nodes in
+/dev). Each refusal is EPERM, an ordinary error for the metric.
 """
 
 from __future__ import annotations
@@ -69,12 +66,9 @@ def rules() -> bytes:
 def program() -> Iterator[int]:
     """A descriptor bwrap reads the program from (`--seccomp FD`), open while the block runs."""
     read, write = os.pipe()
+    with os.fdopen(write, "wb") as file:  # a few hundred bytes: the pipe holds them
+        file.write(rules())
     try:
-        os.write(write, rules())  # a few hundred bytes: the pipe holds them
-        os.close(write)
-        write = -1
         yield read
     finally:
         os.close(read)
-        if write >= 0:
-            os.close(write)

@@ -1,34 +1,17 @@
 """The template: one process per pool that imports the metric once and forks a ready worker on demand.
 
-The prefork design of gunicorn's --preload, Celery's prefork pool and multiprocessing's forkserver with
-preloaded modules, with a fresh interpreter as the template (never a fork of the user's process, whose
-DSPy and LiteLLM threads make fork unsafe, and whose script must not run again):
+The prefork design of gunicorn's --preload and Celery's prefork pool, with a fresh interpreter (`python -P`,
+DSPy-free) as the template: never a fork of the user's process, whose threads make fork unsafe and whose script
+must not run again. The user's process sends `load`, then `fork` with the new worker's socket and output pipe
+(SCM_RIGHTS): the worker calls setsid and serves its calls on that socket; `reap` collects its exit status, so
+a pid the user's process kills is never reused meanwhile. The kernel ends the template with the user's process
+(its parent-death signal, even when it is stopped or stuck) and every worker with the template; a reaper forked
+before the import kills what carries the pool's mark (tree.py) once the user's process is gone.
 
-    user's process                            template (python -P, DSPy-free)        worker (forked)
-    ──────────────                            ───────────────────────────────        ───────────────
-    Template()      ──── Popen (spawner) ───▶ PR_SET_PDEATHSIG; forks its reaper
-    load(spec)      ──── "load" ────────────▶ imports the metric, under the timeout
-                    ◀─── info, threads, fds ─ gc.freeze(): shared pages stay shared
-    ForkedWorker()  ──── "fork" + its socket ▶ os.fork() ──────────────────────────▶ setsid, PR_SET_PDEATHSIG,
-                         and output pipe                                             the worker's main loop
-                         (SCM_RIGHTS)                                                on that socket
-                    ◀─── pid ───────────────
-                    ◀═══════════ calls, llm() requests, outcomes: the worker's own socket ═══════════▶
-    kill(): SIGKILL by pid (a pidfd tells it exited)
-                    ──── "reap" pid ────────▶ waitpid (it is the worker's parent)
-                    ◀─── exit status ───────
-
-The kernel ends the template with the user's process (its parent-death signal, even when it is stopped or
-stuck) and every worker with the template. The reaper, forked before the metric is imported, waits for the
-user's process to end and then kills every process carrying the pool's mark (tree.py): what the workers
-started, wherever it moved. The template never runs score, and reaps a worker only when the
-user's process asks (so a pid the user's process kills is never reused meanwhile).
-
-A template that cannot be forked safely after importing the metric (threads running, or sockets, pipes or
-event descriptors open, which every worker would share: one connection answering every worker's calls) makes
-the pool start fresh interpreters instead (handle.WorkerProcess), and stays as the pool's warden (its reaper).
-Fork hooks the metric registers (os.register_at_fork) never run in the template: the ones for a child run in
-each worker, bounded in time.
+A template left unsafe to fork by the import (threads running; sockets, pipes or event descriptors open, which
+every worker would share) is told to `serve`: it becomes a worker itself, and each further worker is a template
+of its own (a fresh interpreter that imports the metric). Fork hooks the metric registers never run in the
+template: those for a child run in each worker, bounded in time.
 """
 
 from __future__ import annotations
@@ -49,17 +32,16 @@ from typing import Any
 
 from ..errors import WorkerError
 from ..logs import logger
+from ..types import MetricInfo
 from . import tree, wire
 from .handle import (
     BOOT_CODE,
     PARENT_VARIABLE,
+    REQUEST_TIMEOUT,
     STARTUP_TIMEOUT,
     Gone,
     Launcher,
     Output,
-    WorkerProcess,
-    output_pipe,
-    set_send_timeout,
     spawn,
     worker_environment,
 )
@@ -68,7 +50,6 @@ from .handle import (
 _getpid, _getppid, _fork_process, _setsid, _close, _exit = os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit
 _dup2 = os.dup2
 _TEMPLATE_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.template import main; main()"
-_REQUEST_TIMEOUT = 10.0  # seconds the template may take to fork or reap (it runs no metric code)
 _HOOK_TIMEOUT = 5.0  # seconds a worker waits for the metric's fork hooks before it serves calls anyway
 _child_hooks: list[Callable[[], object]] = []  # the metric's os.register_at_fork(after_in_child=...) hooks
 
@@ -115,6 +96,7 @@ class Template:
         self._sock, self._conn = ours, Connection(os.dup(ours.fileno()))
         self._lock = threading.Lock()
         self.unsafe: list[str] = []  # why forking it is unsafe after the import (threads, open descriptors)
+        self.info: MetricInfo | None = None  # what loading the metric found (process.py)
         try:  # its interpreter has started: what follows (the metric's import) is timed from here
             ready = self._conn.poll(STARTUP_TIMEOUT) and self._conn.recv_bytes()
         except (OSError, EOFError):
@@ -184,7 +166,7 @@ class Template:
     def reap(self, pid: int) -> int | None:
         """Collect a worker that exited (the template is its parent): its exit status as Popen gives it."""
         try:
-            reply = self.request({"kind": "reap", "pid": pid}, _REQUEST_TIMEOUT)
+            reply = self.request({"kind": "reap", "pid": pid}, REQUEST_TIMEOUT)
         except Gone:
             return None
         status = reply.get("status") if reply else None
@@ -219,79 +201,6 @@ class Template:
         self._output.close()
 
 
-class ForkedWorker(WorkerProcess):
-    """A worker forked from the template: the same socket protocol as a fresh one, but not our child."""
-
-    def __init__(self, template: Template, send_timeout: float, token: str) -> None:
-        ours, theirs = socket.socketpair()
-        set_send_timeout(ours, send_timeout)
-        output, written = output_pipe()
-        self.token = token
-        self.template = template
-        self._status: int | None = None
-        self._reaped = False
-        self._kill_lock = threading.Lock()
-        try:
-            reply = template.request({"kind": "fork", "token": token}, _REQUEST_TIMEOUT, [theirs.fileno(), written])
-        except Gone:
-            reply = None
-        finally:
-            theirs.close()
-            os.close(written)
-        outer = template.outer_pid(reply["pid"]) if reply and isinstance(reply.get("pid"), int) else None
-        if not reply or reply.get("kind") != "forked" or outer is None:
-            ours.close()
-            os.close(output)
-            raise WorkerError("the metric's template process could not fork a worker")
-        self._inner_pid: int = reply["pid"]  # the template's name for it (another one inside a sandbox)
-        self._attach(ours, outer, output)
-        self._watch_state()
-
-    @property
-    def returncode(self) -> int | None:
-        return self._status
-
-    def kill(self) -> None:
-        """Kill the worker and what it started (as WorkerProcess.kill), then have the template reap it (once, when
-        two threads kill it at the same time)."""
-        with self._kill_lock:
-            if self._reaped:
-                return
-            self._reaped = True
-            if self._exited(0) and not self.template.alive:
-                # it died with the template and was reaped by init: its pid may be another process's by now, so
-                # only what carries its mark is killed
-                tree.kill_marked(self.token)
-                self._close()
-                return
-            tree.kill_descendants(self.pid, self.token)
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(self.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self._exited(STARTUP_TIMEOUT / 10)
-            self._status = self.template.reap(self._inner_pid)
-            self._close()
-
-    def stop(self) -> None:
-        try:
-            self.send(wire.to_worker({"kind": "stop"}))
-            self._exited(1.0)
-        except (OSError, ValueError):
-            pass
-        self.kill()
-
-    def _exited(self, seconds: float) -> bool:
-        """Whether the worker exited, waiting at most `seconds` (its pidfd turns readable)."""
-        if self._pidfd is None:
-            return True
-        try:
-            return bool(select.select([self._pidfd], [], [], seconds)[0])
-        except (OSError, ValueError):
-            return True
-
-
 # -- the template's side --------------------------------------------------------------------------------------
 
 
@@ -302,7 +211,8 @@ def main() -> None:
     worker.prepare()
     control = socket.socket(fileno=int(sys.argv[1]))
     conn = Connection(os.dup(control.fileno()))
-    _start_reaper(os.environ.get(tree.MARK, ""), [control.fileno(), conn.fileno()])
+    ours = [control.fileno(), conn.fileno()]
+    _start_reaper(os.environ.get(tree.MARK, ""), ours)
     os.register_at_fork = _hold_fork_hook  # the metric's hooks: see _hold_fork_hook
     libc = ctypes.CDLL(None, use_errno=True)
     conn.send_bytes(wire.to_parent({"kind": "ready"}))
@@ -314,15 +224,18 @@ def main() -> None:
         except (EOFError, OSError):
             _exit(0)
         kind = message.get("kind")
-        fds = socket.recv_fds(control, 1, 2)[1] if kind == "fork" else []
+        fds = socket.recv_fds(control, 1, 2)[1] if kind in ("fork", "serve") else []
         if kind == "load":
             feedback_limit = message["feedback_limit"]
             loaded, reply = worker.load_reply(message)
-            reply["unsafe"] = _other_threads() + _shared_descriptors({control.fileno(), conn.fileno()})
+            reply["unsafe"] = _other_threads() + _shared_descriptors(set(ours))
             gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
-        elif kind == "fork" and len(fds) == 2:
+        elif kind == "serve" and len(fds) == 2 and loaded is not None:  # unsafe to fork: become the worker
+            conn.send_bytes(wire.to_parent({"kind": "forked", "pid": _getpid()}))
+            _serve(fds, message["token"], loaded, feedback_limit, ours)
+        elif kind == "fork" and len(fds) == 2 and loaded is not None:
             try:
-                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, [control.fileno(), conn.fileno()])
+                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, ours)
             except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
                 reply = {"kind": "error", "message": str(exc)}
             else:
@@ -354,7 +267,7 @@ def _start_reaper(pool: str, control: list[int]) -> None:
                 _close(fd)
             select.select([user, template], [], [])
             if pool and select.select([user], [], [], 0)[0]:
-                tree.kill_marked(pool, pool=True)
+                tree.kill_marked(pool)
         finally:
             _exit(0)
     _close(user)
@@ -405,16 +318,24 @@ def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: An
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the kernel kills it when the template ends
         if _getppid() != template:  # the template ended before the line above
             _exit(1)
+        _run_child_hooks()
+        _serve(fds, token, loaded, feedback_limit, control)
+    finally:
+        _exit(1)
+
+
+def _serve(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: list[int]) -> None:
+    """Become a worker serving the socket fds[0], its output going to fds[1]; never returns."""
+    from . import worker
+
+    try:
         for fd in control:
             _close(fd)
         _dup2(fds[1], 1)
         _dup2(fds[1], 2)
         _close(fds[1])
         os.environ[tree.MARK] = token  # what it starts carries its own mark (tree.py)
-        sys.argv[1:] = [str(fds[0])]  # as in a fresh worker: the argument names the worker's socket
-        _run_child_hooks()
-        from . import worker
-
+        sys.argv[1:] = [str(fds[0])]  # the argument names the worker's socket
         worker.run(fds[0], loaded, feedback_limit)
     finally:
         _exit(1)
@@ -447,19 +368,7 @@ def _reap(pid: int) -> int | None:
 
 
 def _other_threads() -> list[str]:
-    """The threads of this process other than the main one, named (Python's names, else the kernel's)."""
-    try:
-        tasks = [task for task in os.listdir("/proc/self/task") if int(task) != os.getpid()]
-    except OSError:
-        tasks = []
+    """The threads of this process other than the main one: Python's by name, else the native ones counted."""
     named = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
-    if named or not tasks:
-        return named
-    names = []
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", encoding="utf-8", errors="replace") as file:
-                names.append(f"native thread {file.read().strip()!r}")
-        except OSError:
-            names.append("a native thread")
-    return names
+    native = len(os.listdir("/proc/self/task")) - 1
+    return named or ([f"{native} native thread(s)"] if native > 0 else [])

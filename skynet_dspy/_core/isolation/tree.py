@@ -1,13 +1,10 @@
 """Finding and killing every process a metric worker started, including those that left its process group.
 
-Killing a worker's process group misses a child that called setsid() (subprocess.Popen(...,
-start_new_session=True), a daemon's double fork), and a daemon is no longer below the worker in the
-process tree either. So each worker's environment carries a mark of its own (`MARK`), which every process
-it starts inherits: `marked` finds them in /proc, wherever they moved. (A child started with an
-environment of the metric's own making carries no mark; it is found only while it is below the worker.)
-The worker is not made a child subreaper: orphans would then become its zombies, and reaping them would
-take exit codes the metric's own Popen objects wait for. Without /proc these find nothing, and the
-process-group kill is all there is.
+A process group misses a child that called setsid() (a daemon's double fork), which may leave the worker's
+process tree as well. So each worker's environment carries a mark of its own (`MARK`), inherited by what it
+starts: `marked` finds those in /proc, wherever they moved (not one started with an environment of the metric's
+own making, found only while it is below the worker). The worker is no subreaper: reaping orphans would take exit
+codes the metric's own Popen objects wait for.
 """
 
 from __future__ import annotations
@@ -20,33 +17,29 @@ MARK = "SKYNET_DSPY_WORKER"  # the environment variable naming the worker a proc
 _ROUNDS = 5  # a process killed while forking may leave a fresh child: look again, up to this many times
 
 
-def _processes() -> dict[int, int]:
-    """Every live (not zombie) process: pid -> parent pid, from /proc; empty without /proc."""
-    parents: dict[int, int] = {}
+def _stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state, parent, ...); empty when it is gone."""
     try:
-        entries = os.listdir("/proc")
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rpartition(b")")[2].split()
     except OSError:
-        return parents
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                fields = file.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
+        return []
+
+
+def _processes() -> dict[int, int]:
+    """Every live (not zombie) process: pid -> parent pid."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else []
         if len(fields) > 1 and fields[0] != b"Z":
-            parents[int(entry)] = int(fields[1])
-    return parents
+            found[int(entry)] = int(fields[1])
+    return found
 
 
 def parent(pid: int) -> int | None:
-    """The parent of `pid`, from /proc; None when it is gone (or without /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            return int(file.read().rpartition(b")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    """The parent of `pid`; None when it is gone."""
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def descendants(pid: int) -> list[int]:
@@ -62,29 +55,25 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def marked(token: str, pool: bool = False) -> list[int]:
-    """The live processes whose environment says they descend from the worker `token` names (with `pool`, from
-    any worker of the pool `token` names: worker marks are the pool's mark, a dot, and the worker's own)."""
+def marked(token: str) -> list[int]:
+    """The live processes whose environment says they descend from the worker `token` names (or from any worker of
+    the pool it names: a worker's mark is its pool's, a dot, and its own)."""
     needle = f"{MARK}={token}".encode()
     found = []
-    me = os.getpid()
     for pid in _processes():
-        if pid == me:
-            continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as file:
-                environ = file.read()
+                entries = file.read().split(b"\0")
         except OSError:
             continue
-        entries = environ.split(b"\0")
-        if needle in entries or (pool and any(entry.startswith(needle + b".") for entry in entries)):
+        if pid != os.getpid() and any(entry == needle or entry.startswith(needle + b".") for entry in entries):
             found.append(pid)
     return found
 
 
-def kill_marked(token: str, pool: bool = False) -> None:
-    """SIGKILL every process carrying the mark `token` (with `pool`, of the pool it names or one of its workers)."""
-    _kill_until_none(lambda: set(marked(token, pool)))
+def kill_marked(token: str) -> None:
+    """SIGKILL every process carrying the mark `token` (or the mark of a worker of the pool it names)."""
+    _kill_until_none(lambda: set(marked(token)))
 
 
 def kill_descendants(pid: int, token: str | None = None) -> None:

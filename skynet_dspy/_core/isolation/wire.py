@@ -1,11 +1,8 @@
-"""What crosses between the user's process and a metric worker, and how.
-
-To a worker: anything the metric is given, pickled with cloudpickle (a class or function defined in the
-user's script or notebook travels by value, so the worker never has to import the user's script).
-From a worker: plain values only (None, bool, int, float, str, bytes, and lists, tuples, dicts, sets of
-them), read back by an unpickler that refuses every class: nothing a metric returns can run code in the
-user's process. A value that is not plain arrives as its repr.
-"""
+"""What crosses between the user's process and a metric worker: to a worker, anything the metric is given
+(cloudpickle: what the user's script defines travels by value); from a worker, plain values only (None, bool,
+int, float, str, bytes, and lists, tuples, dicts, sets of them), read back by an unpickler that refuses every
+class, so nothing a metric returns can run code in the user's process. A value that is not plain arrives as its
+repr."""
 
 from __future__ import annotations
 
@@ -57,11 +54,8 @@ def from_worker(data: bytes) -> Any:
 
 
 def to_plain(value: Any) -> Any:
-    """`value` made of plain values only, each container rebuilt; anything else becomes its repr (bounded).
-
-    At most MAX_ITEMS values and MAX_CHARS characters of text, however the value shares its parts (a
-    list of a million references to one string is a few bytes to pickle but a million strings to read).
-    """
+    """`value` made of plain values only, each container rebuilt, anything else its repr: at most MAX_ITEMS values
+    and MAX_CHARS characters however it shares its parts (a million references to one string)."""
     return _plain(value, 0, _Budget())
 
 

@@ -1,12 +1,10 @@
-"""The metric worker process: loads one metric and runs its calls, one at a time, for the user's process.
+"""The metric worker: runs one loaded metric's calls, one at a time, for the user's process.
 
-Started by handle.py as `python -P -c "...; from skynet_dspy._core.isolation.worker import main; main()" FD`,
-or forked from the template with the metric loaded (template.py, then `run`), with a credential-free
-environment, in a session of its own, its stdout and stderr a pipe the user's process reads (handle.Output).
-It imports the DSPy-free core, the metric and what the metric imports: never dspy or litellm. Everything the
-metric returns is validated here and only plain values go back (wire.py). llm() is sent to the user's
-process, which holds the judge and its keys. A fork inside score is caught: the child exits the moment it
-is back in this module, and the worker reports the call as failed and retires.
+Forked from the template with the metric loaded (template.py, then `run`), its stdout and stderr a pipe the
+user's process reads (handle.Output). It imports the DSPy-free core, the metric and what the metric imports:
+never dspy or litellm. What the metric returns is validated here and only plain values go back (wire.py); llm()
+is sent to the user's process, which holds the judge and its keys. A fork inside score is caught: the child exits
+the moment it is back in this module, and the worker reports the call as failed and retires.
 """
 
 from __future__ import annotations
@@ -21,10 +19,10 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..call import CallRequest, run_call
+from ..call import run_call
 from ..errors import LLMCallError, MetricLoadError, judge_error
 from ..loading import LoadedMetric, load, register_skynet
-from ..types import Failure, Item, Observation, Outcome
+from ..types import Failure, Item, Outcome
 from ..values import exception_text
 from . import tree, wire
 from .handle import PARENT_VARIABLE
@@ -144,17 +142,6 @@ def _restore_file(score: Any, file: str | None, lines: list[str]) -> None:
         linecache.cache[file] = (sum(map(len, lines)), None, lines, file)
 
 
-def _request(message: dict[str, Any]) -> CallRequest:
-    observation = message["observation"]
-    return CallRequest(
-        input=message["input"],
-        output=message["output"],
-        expected=message["expected"],
-        observation=Observation(**observation) if observation else None,
-        unmeasured_reason=message["unmeasured_reason"],
-    )
-
-
 def load_reply(message: dict[str, Any]) -> tuple[LoadedMetric | None, dict[str, Any]]:
     """Load the metric a `load` message names: the metric (None on failure) and the reply for the user's process."""
     try:
@@ -169,7 +156,7 @@ def load_reply(message: dict[str, Any]) -> tuple[LoadedMetric | None, dict[str, 
                       f"loaded in its worker process: {exception_text(exc)}"}
 
 
-def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit: int = 0) -> None:
+def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
     global _forked
     send_lock = threading.Lock()
     llm = _ParentLLM(conn, send_lock)
@@ -183,13 +170,10 @@ def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit:
         kind = message["kind"]
         if kind == "stop":
             return
-        if kind == "load":
-            feedback_limit = message["feedback_limit"]
-            loaded, reply = load_reply(message)
-        elif kind == "call" and loaded is not None:
+        if kind == "call":
             llm.call_id = message["call"]
             _forked = False
-            outcome = run_call(loaded, _request(message), llm, feedback_limit)
+            outcome = run_call(loaded, message["request"], llm, feedback_limit)
             if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
                 os._exit(0)
             if _forked:
@@ -203,7 +187,7 @@ def _serve(conn: Connection, loaded: LoadedMetric | None = None, feedback_limit:
             reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
                      "retire": _forked or stragglers}
         else:
-            reply = {"kind": "error", "message": f"the worker got {kind!r} before a metric was loaded"}
+            reply = {"kind": "error", "message": f"the worker got {kind!r}"}
         _flush()
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -234,7 +218,7 @@ def _flush() -> None:
 
 
 def prepare() -> None:
-    """What a process that will run score sets up before the metric is imported (a worker, or the template)."""
+    """What the template sets up before the metric is imported."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
     if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
         _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG, even when stopped or stuck
@@ -245,15 +229,8 @@ def prepare() -> None:
     register_skynet()
 
 
-def main() -> None:
-    """Entry point of a worker process: serve the connection given as the first argument."""
-    prepare()
-    run(int(sys.argv[1]))
-
-
-def run(fd: int, loaded: LoadedMetric | None = None, feedback_limit: int = 0) -> None:
-    """Serve the connection `fd` until told to stop, then exit (a fresh worker, or one forked from the template
-    with the metric already `loaded`)."""
+def run(fd: int, loaded: LoadedMetric, feedback_limit: int) -> None:
+    """Serve the connection `fd` with the metric `loaded` until told to stop, then exit."""
     global _worker_pid
     _worker_pid = os.getpid()
     conn = Connection(fd)

@@ -198,7 +198,7 @@ def test_a_metric_that_can_no_longer_load_fails_calls_as_load_not_crashed(tmp_pa
 
 
 def _our_helpers() -> list[int]:
-    """Live children of this process running the template (or the warden of fresh workers)."""
+    """Live children of this process running a template (or a fresh worker: its own template)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -220,7 +220,7 @@ def test_a_metric_that_fails_to_load_leaves_no_template_behind(tmp_path, start_m
         skynet_dspy.load_metric(str(path), timeout=10)
     assert _our_helpers() == before
     metric = skynet_dspy.load_metric(write_metric(tmp_path, ENV_METRIC, "good.py"), timeout=10)
-    assert len(_our_helpers()) == len(before) + 1  # one template (or warden) per pool
+    assert len(_our_helpers()) == len(before) + 1  # one template per pool (a fresh worker is its own)
     metric.close()
     assert _our_helpers() == before
 

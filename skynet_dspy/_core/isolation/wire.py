@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from ..types import Failure, MetricInfo, Outcome, Result
@@ -221,16 +221,7 @@ def _failure(value: Any) -> Failure | None:
 
 
 def info_to_plain(info: MetricInfo) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "label": info.label,
-        "takes_expected": info.takes_expected,
-        "reward_spec": to_plain(info.reward_spec),
-        "uses_measurement": info.uses_measurement,
-        "file": info.file,
-        "hint": info.hint,
-        "is_async": info.is_async,
-    }
+    return {field.name: to_plain(getattr(info, field.name)) for field in fields(info)}
 
 
 def info_from_plain(data: dict[str, Any]) -> MetricInfo:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import WorkerError
 from ..secrets import credential_free_environment
@@ -47,14 +47,6 @@ BOOT_CODE = (
 # the template unsafe to fork.
 THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
-
-
-class Launcher(Protocol):
-    """Changes how a worker is started (sandbox.py's Sandbox: inside bubblewrap); None starts it as is."""
-
-    def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
-        """subprocess.Popen(argv, env=env, cwd=cwd, **popen), changed as the launcher needs."""
-        ...
 
 
 class Gone(Exception):

@@ -3,8 +3,8 @@
 A pool per metric, grown lazily to the concurrency used (up to `max_workers`) and reused across calls. A call is
 one exchange on its worker's own socket, under the timeout; a worker past it is killed with everything it started
 (SIGKILL) and reaped, as is one that exits, crashes or forks. Workers are forked from a template that imported the
-metric once (template.py), or started as fresh interpreters when that is unsafe (handle.py): never a fork of the
-user's process, and never a re-run of the user's script. Waiting for a worker to start is not charged to a call.
+metric once (template.py), or each a template of its own when that is unsafe: never a fork of the user's
+process, and never a re-run of the user's script. Waiting for a worker to start is not charged to a call.
 pebble's pool round trip alone takes about this module's whole call (`make bench`, row 6b), so the processes
 are managed here.
 """
@@ -29,8 +29,9 @@ from ..logs import logger
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import exception_text
 from . import wire
-from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, Launcher, WorkerProcess, exit_text, private_memory
+from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, WorkerProcess, exit_text, private_memory
 from .relay import serve_llm
+from .sandbox import Sandbox
 from .source import source_spec
 from .template import Template, supported
 
@@ -62,7 +63,7 @@ class ProcessExecutor:
         *,
         max_calls: int | None = None,
         max_memory: int | None = None,
-        launcher: Launcher | None = None,
+        launcher: Sandbox | None = None,
     ):
         self.timeout = timeout
         self.launcher = launcher

@@ -15,8 +15,8 @@ from ..call import CallRequest
 from ..errors import MetricLoadError
 from ..types import Failure, Outcome
 from ..values import exception_text
-from .handle import Launcher
 from .process import ProcessExecutor
+from .sandbox import Sandbox
 
 _OUTPUT, _ERROR, _ERROR_TYPE = "run_output", "run_error", "run_error_type"
 _FEEDBACK_LIMIT = 20_000  # the adapter's own feedback is empty: this bounds nothing of run's
@@ -62,7 +62,7 @@ class RunWorkers:
 
     def __init__(
         self, run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = None,
-        launcher: Launcher | None = None, max_workers: int | None = None,
+        launcher: Sandbox | None = None, max_workers: int | None = None,
     ):
         self.timeout = timeout
         source = as_score(None, path) if path is not None else as_score(run)

@@ -60,8 +60,7 @@ _check_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How to start a template or worker inside bubblewrap: `start(argv, env=..., cwd=..., **popen)` is the launcher
-    hook of handle.py and template.py.
+    """How to start a template inside bubblewrap (template.py calls `start`).
 
     network: keep the host's network (False: a network namespace with only its own loopback).
     read_only: further folders or files the worker may read (the metric's folder; what sys.path names is
@@ -74,7 +73,7 @@ class Sandbox:
     bwrap: str = field(default="", compare=False)
 
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
-        """Start `argv` inside the sandbox (handle.py's launcher hook): Popen's own arguments pass through."""
+        """subprocess.Popen(argv, env=env, cwd=cwd, **popen), inside the sandbox."""
 
         with seccomp.program() as rules:  # read by bwrap as it starts
             wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)

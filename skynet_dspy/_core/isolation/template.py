@@ -28,19 +28,21 @@ import tempfile
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerError
 from ..logs import logger
 from ..types import MetricInfo
 from . import tree, wire
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
 from .handle import (
     BOOT_CODE,
     PARENT_VARIABLE,
     REQUEST_TIMEOUT,
     STARTUP_TIMEOUT,
     Gone,
-    Launcher,
     Output,
     spawn,
     worker_environment,
@@ -65,7 +67,7 @@ def supported() -> bool:
 class Template:
     """The template process, seen from the user's process: load the metric once, fork workers, reap them."""
 
-    def __init__(self, pool_token: str, launcher: Launcher | None = None) -> None:
+    def __init__(self, pool_token: str, launcher: Sandbox | None = None) -> None:
         ours, theirs = socket.socketpair()
         self._output = tempfile.TemporaryFile()  # what the import prints, logged once (bounded), never shown raw
         # a launcher (sandbox.py) starts it inside bubblewrap: its workers are forked in there, in its PID namespace

@@ -6,7 +6,6 @@ credential-free environment and native thread pools capped. Its replies are read
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import select
@@ -14,16 +13,12 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerError
-from ..secrets import credential_free_environment
 from . import tree, wire
 
 if TYPE_CHECKING:
@@ -35,20 +30,6 @@ MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are r
 _STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
 _NO_MESSAGE = object()  # no whole message received yet
 PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
-PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker appends after its own (JSON)
-# Run first in every process that runs score (started with -P: no current directory or script folder first):
-# the user's import path is appended after the standard library and site-packages, never ahead of them.
-BOOT_CODE = (
-    f"import json, os, sys; sys.path += [p for p in json.loads(os.environ.pop({PATH_VARIABLE!r}, '[]')) "
-    "if p not in sys.path]; "
-)
-# Native thread pools a metric's libraries start at import, capped at one thread per worker unless the user set
-# them (as loky and joblib do): N workers x all cores would oversubscribe the machine, and a pool's threads make
-# the template unsafe to fork.
-THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-               "NUMEXPR_NUM_THREADS")
-
-
 class Gone(Exception):
     """The worker process exited (or its socket closed, or it sent what is not plain data) while a reply was
     awaited."""
@@ -318,43 +299,3 @@ def output_pipe() -> tuple[int, int]:
     read, write = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(read, False)
     return read, write
-
-
-_T = TypeVar("_T")
-_spawners: dict[int, ThreadPoolExecutor] = {}
-_spawner_lock = threading.Lock()
-
-
-def spawn(start: Callable[[], _T]) -> _T:
-    """`start()` (it starts a process) on one thread that lives as long as this process: the kernel's parent-death
-    signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a calling
-    thread (DSPy's) may end any time."""
-    with _spawner_lock:  # a fork of this process gets a spawner of its own
-        if os.getpid() not in _spawners:
-            _spawners[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="skynet-spawner")
-        started = _spawners[os.getpid()].submit(start)
-    try:
-        return started.result()
-    except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
-        started.add_done_callback(_kill_started)
-        raise
-
-
-def _kill_started(started: Future[Any]) -> None:
-    if started.exception() is None and isinstance(started.result(), subprocess.Popen):
-        started.result().kill()
-
-
-def worker_environment() -> dict[str, str]:
-    """The user's environment without credentials and with native thread pools capped (THREAD_CAPS, unless the
-    user set them), and this Python's import path to append after the standard library (PATH_VARIABLE)."""
-    env = credential_free_environment()
-    paths = [entry or os.getcwd() for entry in sys.path]
-    env[PATH_VARIABLE] = json.dumps(list(dict.fromkeys(paths)))
-    if "PYTHONPATH" in env:  # the user's own entries keep their place, but never the current directory
-        kept = [entry for entry in env["PYTHONPATH"].split(os.pathsep) if entry not in ("", ".")]
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    for name in THREAD_CAPS:
-        env.setdefault(name, "1")
-    env["PYTHONUNBUFFERED"] = "1"  # a metric's prints arrive even when it exits without flushing
-    return env

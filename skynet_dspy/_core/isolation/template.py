@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import select
 import signal
@@ -27,31 +28,35 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import WorkerError
 from ..logs import logger
+from ..secrets import credential_free_environment
 from ..types import MetricInfo
 from . import tree, wire
+from .handle import PARENT_VARIABLE, REQUEST_TIMEOUT, STARTUP_TIMEOUT, Gone, Output
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
-from .handle import (
-    BOOT_CODE,
-    PARENT_VARIABLE,
-    REQUEST_TIMEOUT,
-    STARTUP_TIMEOUT,
-    Gone,
-    Output,
-    spawn,
-    worker_environment,
-)
 
+PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker appends after its own (JSON)
+# Native thread pools a metric's libraries start at import, capped at one thread per worker unless the user set
+# them (as loky and joblib do): N workers x all cores would oversubscribe the machine, and a pool's threads make
+# the template unsafe to fork.
+THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
 # Taken before the metric loads, which may replace what the os module holds.
 _getpid, _getppid, _fork_process, _setsid, _close, _exit = os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit
 _dup2 = os.dup2
-_TEMPLATE_CODE = BOOT_CODE + "from skynet_dspy._core.isolation.template import main; main()"
+# Started with -P (no current directory or script folder first): the user's import path goes after the standard
+# library and site-packages, never ahead of them.
+_TEMPLATE_CODE = (
+    f"import json, os, sys; sys.path += [p for p in json.loads(os.environ.pop({PATH_VARIABLE!r}, '[]')) "
+    "if p not in sys.path]; from skynet_dspy._core.isolation.template import main; main()"
+)
 _HOOK_TIMEOUT = 5.0  # seconds a worker waits for the metric's fork hooks before it serves calls anyway
 _child_hooks: list[Callable[[], object]] = []  # the metric's os.register_at_fork(after_in_child=...) hooks
 
@@ -59,6 +64,46 @@ _child_hooks: list[Callable[[], object]] = []  # the metric's os.register_at_for
 def supported() -> bool:
     """Whether workers can be forked from a template here (Linux: fork, pidfds, prctl)."""
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+
+
+_T = TypeVar("_T")
+_spawners: dict[int, ThreadPoolExecutor] = {}
+_spawner_lock = threading.Lock()
+
+
+def spawn(start: Callable[[], _T]) -> _T:
+    """`start()` (it starts a process) on one thread that lives as long as this process: the kernel's parent-death
+    signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a calling
+    thread (DSPy's) may end any time."""
+    with _spawner_lock:  # a fork of this process gets a spawner of its own
+        if os.getpid() not in _spawners:
+            _spawners[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="skynet-spawner")
+        started = _spawners[os.getpid()].submit(start)
+    try:
+        return started.result()
+    except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
+        started.add_done_callback(_kill_started)
+        raise
+
+
+def _kill_started(started: Future[Any]) -> None:
+    if started.exception() is None and isinstance(started.result(), subprocess.Popen):
+        started.result().kill()
+
+
+def worker_environment() -> dict[str, str]:
+    """The user's environment without credentials and with native thread pools capped (THREAD_CAPS, unless the
+    user set them), and this Python's import path to append after the standard library (PATH_VARIABLE)."""
+    env = credential_free_environment()
+    paths = [entry or os.getcwd() for entry in sys.path]
+    env[PATH_VARIABLE] = json.dumps(list(dict.fromkeys(paths)))
+    if "PYTHONPATH" in env:  # the user's own entries keep their place, but never the current directory
+        kept = [entry for entry in env["PYTHONPATH"].split(os.pathsep) if entry not in ("", ".")]
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    for name in THREAD_CAPS:
+        env.setdefault(name, "1")
+    env["PYTHONUNBUFFERED"] = "1"  # a metric's prints arrive even when it exits without flushing
+    return env
 
 
 # -- the user's side ------------------------------------------------------------------------------------------

@@ -167,43 +167,30 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
             message = wire.from_parent(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        kind = message["kind"]
-        if kind == "stop":
+        if message["kind"] != "call":  # "stop"
             return
-        if kind == "call":
-            llm.call_id = message["call"]
-            _forked = False
-            outcome = run_call(loaded, message["request"], llm, feedback_limit)
-            if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
-                os._exit(0)
-            if _forked:
-                outcome = Outcome(
-                    failure=Failure.CRASHED,
-                    error_type="fork",
-                    detail="score() started a child process with os.fork(); a metric worker allows no fork, "
-                    "so the call was not scored and the worker and its children were stopped",
-                )
-            stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
-            reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
-                     "retire": _forked or stragglers}
-        else:
-            reply = {"kind": "error", "message": f"the worker got {kind!r}"}
+        llm.call_id = message["call"]
+        _forked = False
+        outcome = run_call(loaded, message["request"], llm, feedback_limit)
+        if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
+            os._exit(0)
+        if _forked:
+            outcome = Outcome(
+                failure=Failure.CRASHED,
+                error_type="fork",
+                detail="score() started a child process with os.fork(); a metric worker allows no fork, "
+                "so the call was not scored and the worker and its children were stopped",
+            )
+        stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
+        reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
+                 "retire": _forked or stragglers}
         _flush()
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
-        try:
-            with send_lock:
-                conn.send_bytes(wire.to_parent(reply))
-        except Exception as exc:  # noqa: BLE001 - a reply that cannot be pickled is still answered
-            fallback = Outcome(
-                failure=Failure.CRASHED, detail=f"the worker could not send its reply: {exception_text(exc)}"
-            )
-            reply = {"kind": "outcome", "call": message.get("call"), "outcome": wire.outcome_to_plain(fallback),
-                     "retire": False}
-            with send_lock:
-                conn.send_bytes(wire.to_parent(reply))
-        if reply.get("retire"):
+        with send_lock:
+            conn.send_bytes(wire.to_parent(reply))
+        if reply["retire"]:
             return  # retire after a fork: the user's process stops this worker and its children
 
 

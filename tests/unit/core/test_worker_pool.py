@@ -13,8 +13,9 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy import Failure
-from skynet_dspy._core.isolation.handle import THREAD_CAPS, private_memory
+from skynet_dspy._core.isolation.handle import private_memory
 from skynet_dspy._core.isolation.process import START_VARIABLE
+from skynet_dspy._core.isolation.template import THREAD_CAPS
 
 ENV_METRIC = """
 import os, sys

@@ -1,12 +1,9 @@
 """isolation="process" (the default): score runs in worker processes that the user's process can kill.
 
-A pool per metric, grown lazily to the concurrency used (up to `max_workers`) and reused across calls. A call is
-one exchange on its worker's own socket, under the timeout; a worker past it is killed with everything it started
-(SIGKILL) and reaped, as is one that exits, crashes or forks. Workers are forked from a template that imported the
-metric once (template.py), or each a template of its own when that is unsafe: never a fork of the user's
-process, and never a re-run of the user's script. Waiting for a worker to start is not charged to a call.
-pebble's pool round trip alone takes about this module's whole call (`make bench`, row 6b), so the processes
-are managed here.
+A pool per metric, grown lazily to the concurrency used and reused across calls; each call is one exchange on its
+worker's socket, under the timeout (past it, the worker and all it started are killed). Workers are forked from a
+template that imported the metric once (template.py), never from the user's process. pebble's round trip alone
+takes about this module's whole call (`make bench`, row 6b), so the processes are managed here.
 """
 
 from __future__ import annotations
@@ -355,16 +352,12 @@ class ProcessExecutor:
         deadline = time.monotonic() + self.timeout
         refused = 0
         while True:
-            limit = self.max_memory
-            message = worker.wait(deadline if limit is None else min(deadline, time.monotonic() + _MEMORY_CHECK))
-            if message is None and limit is not None and time.monotonic() < deadline:
-                used = private_memory(worker.pid)
-                if used is not None and used > limit:
-                    return Outcome(
-                        failure=Failure.MEMORY,
-                        detail=f"score()'s worker process held {used / 2**20:.0f} MiB, past worker_max_memory "
-                        f"({limit / 2**20:.0f} MiB); it was stopped and is replaced",
-                    ), False
+            step = deadline if self.max_memory is None else min(deadline, time.monotonic() + _MEMORY_CHECK)
+            message = worker.wait(step)
+            if message is None and time.monotonic() < deadline:  # a look at its memory (worker_max_memory)
+                too_much = self._over_memory(worker)
+                if too_much is not None:
+                    return too_much, False
                 continue
             if message is None:
                 return Outcome(
@@ -390,6 +383,16 @@ class ProcessExecutor:
             else:
                 unexpected = "the metric's worker process sent an unexpected reply"
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
+
+    def _over_memory(self, worker: WorkerProcess) -> Outcome | None:
+        used, limit = private_memory(worker.pid), self.max_memory or 0
+        if used is None or used <= limit:
+            return None
+        return Outcome(
+            failure=Failure.MEMORY,
+            detail=f"score()'s worker process held {used / 2**20:.0f} MiB, past worker_max_memory "
+            f"({limit / 2**20:.0f} MiB); it was stopped and is replaced",
+        )
 
     def close(self) -> None:
         """Stop every worker of this metric (calls in progress end as failures)."""

@@ -1,17 +1,12 @@
 """The template: one process per pool that imports the metric once and forks a ready worker on demand.
 
-The prefork design of gunicorn's --preload and Celery's prefork pool, with a fresh interpreter (`python -P`,
-DSPy-free) as the template: never a fork of the user's process, whose threads make fork unsafe and whose script
-must not run again. The user's process sends `load`, then `fork` with the new worker's socket and output pipe
-(SCM_RIGHTS): the worker calls setsid and serves its calls on that socket; `reap` collects its exit status, so
-a pid the user's process kills is never reused meanwhile. The kernel ends the template with the user's process
-(its parent-death signal, even when it is stopped or stuck) and every worker with the template; a reaper forked
-before the import kills what carries the pool's mark (tree.py) once the user's process is gone.
-
-A template left unsafe to fork by the import (threads running; sockets, pipes or event descriptors open, which
-every worker would share) is told to `serve`: it becomes a worker itself, and each further worker is a template
-of its own (a fresh interpreter that imports the metric). Fork hooks the metric registers never run in the
-template: those for a child run in each worker, bounded in time.
+The prefork design of gunicorn's --preload, from a fresh DSPy-free interpreter (never a fork of the user's process).
+The user's process sends `load`, then `fork` with the worker's socket and output pipe (SCM_RIGHTS), and `reap` to
+collect its status (so a killed worker's pid is never reused meanwhile). The kernel ends the template with the
+user's process, even stopped or stuck, and the workers with the template; a reaper forked before the import kills
+what carries the pool's mark (tree.py) once the user's process is gone. A template the import left unsafe to fork
+(threads; sockets, pipes or event descriptors every worker would share) is told to `serve`: it becomes a worker,
+and each further worker is a template of its own. The metric's fork hooks never run in the template.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The metric worker: runs one loaded metric's calls, one at a time, for the user's process.
+"""The metric worker: runs one loaded metric's calls, one at a time, forked from the template (template.py).
 
-Forked from the template with the metric loaded (template.py, then `run`), its stdout and stderr a pipe the
-user's process reads (handle.Output). It imports the DSPy-free core, the metric and what the metric imports:
-never dspy or litellm. What the metric returns is validated here and only plain values go back (wire.py); llm()
-is sent to the user's process, which holds the judge and its keys. A fork inside score is caught: the child exits
-the moment it is back in this module, and the worker reports the call as failed and retires.
+It never imports dspy or litellm; what the metric returns is validated here and only plain values go back
+(wire.py); llm() goes to the user's process, which holds the judge. A fork inside score fails the call and
+retires the worker; the child exits the moment it is back in this module.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._core import secrets
-from .entries import is_credential_setting, public_settings
 
 # dspy.LM settings that are DSPy's own or that the judge sets itself: never sent to LiteLLM.
 _NOT_SENT = frozenset({"rollout_id", "prompt_cache", "num_retries", "max_retries", "cache", "callbacks"})
@@ -20,6 +19,19 @@ _FORMS = (
     "a LiteLLM model string ('openai/gpt-4o-mini'), a dict {'model': ..., 'api_base': ..., 'api_key': ...} "
     "or a dspy.LM"
 )
+
+
+def is_credential_setting(name: object) -> bool:
+    """Whether a setting's name suggests a credential (`*key*`, `*token*`, `*secret*`, ...; not max_tokens): never
+    keyed, stored or shown."""
+    return not str(name).lower().endswith("tokens") and secrets.is_credential_name(str(name))
+
+
+def public_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` without credentials: credential-named settings left out, every header's value hidden."""
+    return {name: {str(header): "<hidden>" for header in value}
+            if name in ("extra_headers", "headers") and isinstance(value, dict) else value
+            for name, value in settings.items() if not is_credential_setting(name)}
 
 
 class Settings(Mapping[str, Any]):

@@ -34,7 +34,7 @@ class Unreachable(Exception):
     """The endpoint's circuit breaker is open: its last connections failed."""
 
 
-def wait(cancelled: threading.Event, seconds: float) -> None:
+def wait(seconds: float, cancelled: threading.Event) -> None:
     """Sleep `seconds`, or raise Cancelled as soon as `cancelled` is set."""
     if seconds > 0:
         with llm_pool.waiting():
@@ -86,7 +86,7 @@ class PerMinute:
             self._tokens -= 1  # below 0: this request's turn is -tokens/rate seconds away, after those waiting
             delay = -self._tokens / rate if self._tokens < 0 else 0.0
         try:
-            wait(cancelled, delay)
+            wait(delay, cancelled)
         except Cancelled:
             with self._lock:
                 self._tokens += 1  # the turn goes to the next request
@@ -116,7 +116,7 @@ class EndpointState:
                 pause = self.paused_until - now
             if pause <= 0:
                 return
-            wait(cancelled, pause)
+            wait(pause, cancelled)
 
     def paused(self) -> bool:
         with self.lock:

@@ -14,8 +14,8 @@ import pytest
 
 from skynet_dspy._judge import Judge
 from skynet_dspy._judge.cache import DiskStore
-from skynet_dspy._judge.entries import request_key
-from skynet_dspy._judge.redis_store import KEY_PREFIX
+from skynet_dspy._judge.cache import request_key
+from skynet_dspy._judge.cache import KEY_PREFIX
 
 KEY = "safety-test-key-1234567"
 AWS_SECRET = "aws-secret-canary-5f3e9d1c7b"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from skynet_dspy._judge import Judge
-from skynet_dspy._judge.entries import request_key
+from skynet_dspy._judge.cache import request_key
 
 KEY = "marker-test-key-11223"
 
@@ -79,7 +79,7 @@ def test_a_live_peers_marker_is_waited_for(server, spec):
 
 def test_a_marker_names_its_owner(tmp_path):
     from skynet_dspy._judge.cache import DiskStore
-    from skynet_dspy._judge.entries import IN_FLIGHT_PREFIX
+    from skynet_dspy._judge.cache import IN_FLIGHT_PREFIX
 
     store = DiskStore(tmp_path / "cache")
     assert store.lead_or_wait("k", 1.0) is None

@@ -27,11 +27,13 @@ from typing import Any
 import diskcache
 
 from .._core import secrets
+from .._core.context import llm_pool
 from .._core.logs import logger
 from .._core.lru import LRU
 from .._core.values import whole_number
 from ..errors import MissingExtra
 from .endpoints import is_credential_setting, public_settings
+from .limits import Cancelled
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
 DEFAULT_DISK_CACHE_SIZE = 2**30  # bytes on disk before the least recently stored answers are evicted
@@ -168,30 +170,35 @@ def owner_gone(raw: Any) -> bool:
     return host == socket.gethostname() and start is not None and _started(pid) != start
 
 
-class SharedStore:
-    """A store processes share (a folder, a Redis server): answers by key, and an in-flight marker per key. A subclass
-    reads and writes raw values and sets (`_claim`) / clears (`_unclaim`) markers."""
+class AnswerCache:
+    """Answers in memory; a subclass adds a store processes share (`_raw`, `_write`, and in-flight markers set by
+    `_claim` and cleared by `_unclaim`). An identical request is sent once: the first thread to ask leads, within
+    its process and then, through the store's marker, among processes; the others wait for its answer."""
 
     errors: tuple[type[BaseException], ...] = (OSError,)
 
-    def __init__(self, where: str):
+    def __init__(self, where: str = "memory"):
         self.where = where
-        self._warned: set[str] = set()
+        self.memory: LRU[str, str] = LRU(MEMORY_CACHE_SIZE)
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
         self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
-        self._held: dict[str, str] = {}  # the markers this process set, by key
+        self._leaders: dict[str, str] = {}  # key -> the owner marker of this process's thread sending it
 
     def _raw(self, key: str) -> Any:
-        raise NotImplementedError
+        return None
 
     def _write(self, key: str, entry: str) -> None:
-        raise NotImplementedError
+        return None
 
     def _claim(self, marker: str, owner: str) -> bool:
-        raise NotImplementedError
+        return True
 
     def _unclaim(self, marker: str, owner: str) -> None:
-        raise NotImplementedError
+        return None
+
+    def close(self) -> None:
+        """Release what the store holds open."""
 
     def _warn_once(self, kind: str, message: str) -> None:
         with self._lock:
@@ -211,20 +218,25 @@ class SharedStore:
 
     def _read(self, key: str) -> str | None:
         try:
-            return entry_text(self._raw(key), key)
+            text = entry_text(self._raw(key), key)
         except BadEntry as exc:
             self._warn_once("entry", f"found {exc}; it was read as a miss, never decoded, and is replaced by the fresh "
                                      "answer (later such entries are not logged). Only skynet-dspy should write here.")
             return None
+        if text is not None:
+            self.memory.put(key, text)
+        return text
 
     def get(self, key: str) -> str | None:
+        text = self.memory.get(key)
         try:
-            return None if self.skipping() else self._read(key)
+            return text if text is not None or self.skipping() else self._read(key)
         except self.errors as exc:
             self._failed(exc)
             return None
 
     def put(self, key: str, text: str, request: dict[str, Any]) -> None:
+        self.memory.put(key, text)
         try:
             if not self.skipping():
                 self._write(key, stored_entry(text, request, key))
@@ -232,35 +244,46 @@ class SharedStore:
             self._failed(exc)
 
     def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
-        """None when this process should send the request (it holds the marker on `key` now); else the answer another
-        process fetched while this one waited (at most `patience` seconds, or until `stop` is set)."""
+        """The answer (cached, or once the thread or process sending it has it); None when this thread is to send the
+        request: it leads until release(). Another process's lead is waited for at most `patience` seconds; every
+        wait ends when `stop` is set (limits.Cancelled)."""
         owner, deadline, stop = owner_marker(), time.monotonic() + patience, stop or threading.Event()
-        try:
-            while not self.skipping():
-                if self._claim(IN_FLIGHT_PREFIX + key, owner):
-                    self._held[key] = owner
-                    return self._read(key)  # the answer may have been stored since this process looked
-                text = self._read(key)
-                if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
-                    return text
-        except self.errors as exc:
-            self._failed(exc)
-        return None
+        text = self.get(key)
+        with llm_pool.waiting():
+            while text is None:  # another thread of this process may be sending it
+                with self._lock:
+                    text = self.memory.get(key)
+                    if text is None and self._leaders.setdefault(key, owner) == owner:
+                        break
+                if text is None and stop.wait(WAIT_STEP):
+                    raise Cancelled
+            else:
+                return text
+            try:  # this thread leads in its process; another process may be sending it
+                while not self.skipping() and not self._claim(IN_FLIGHT_PREFIX + key, owner):
+                    text = self._read(key)
+                    if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
+                        break
+                else:
+                    text = None if self.skipping() else self._read(key)  # stored since this thread looked?
+            except self.errors as exc:
+                self._failed(exc)
+        if text is not None:
+            self.release(key)
+        return text
 
     def release(self, key: str) -> None:
-        """Clear the marker on `key` if this process set it (another process's is left alone; it also expires)."""
-        owner = self._held.pop(key, None)
+        """Clear the lead on `key` if this thread took it (another process's marker is left alone; it also expires)."""
+        with self._lock:
+            owner = self._leaders.pop(key, None)
         try:
             if owner is not None:
                 self._unclaim(IN_FLIGHT_PREFIX + key, owner)
         except self.errors as exc:
             self._failed(exc)
 
-    def close(self) -> None:
-        """Release what the store holds open."""
 
-
-class DiskStore(SharedStore):
+class DiskStore(AnswerCache):
     """Answers in a private folder, through diskcache: size-bounded, shared by threads and processes."""
 
     def __init__(self, directory: str | os.PathLike[str], size_limit: int = DEFAULT_DISK_CACHE_SIZE):
@@ -342,7 +365,7 @@ _SWAP = ("if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end "
          "return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])")
 
 
-class RedisStore(SharedStore):
+class RedisStore(AnswerCache):
     """Answers on a Redis server (`judge_cache="redis://..."`), shared by runs on several machines."""
 
     def __init__(self, url: str):
@@ -380,30 +403,6 @@ class RedisStore(SharedStore):
         self._client.eval(_SWAP, 1, KEY_PREFIX + marker, owner, "", 0)
 
 
-class AnswerCache:
-    """Memory in front, an optional shared store behind: get() looks in both, put() writes both."""
-
-    def __init__(self, store: SharedStore | None = None):
-        self.memory: LRU[str, str] = LRU(MEMORY_CACHE_SIZE)
-        self.store = store
-
-    def get(self, key: str) -> str | None:
-        text = self.memory.get(key)
-        if text is None and self.store is not None:
-            text = self.store.get(key)
-            if text is not None:
-                self.memory.put(key, text)
-        return text
-
-    def put(self, key: str, text: str, request: dict[str, Any]) -> None:
-        self.memory.put(key, text)
-        if self.store is not None:
-            self.store.put(key, text, request)
-
-    def describe(self) -> str:
-        return self.store.where if self.store is not None else "memory"
-
-
 def make_cache(spec: Any, size_limit: int | None = None) -> AnswerCache | None:
     """The cache `judge_cache=` asks for: True memory, False none, a folder path, or a redis:// URL; `size_limit`
     (judge_cache_size=) bounds a folder's bytes."""
@@ -419,6 +418,6 @@ def make_cache(spec: Any, size_limit: int | None = None) -> AnswerCache | None:
     if spec is True:
         return AnswerCache()
     if redis or folder:
-        return AnswerCache(RedisStore(spec) if redis else DiskStore(spec, size_limit or DEFAULT_DISK_CACHE_SIZE))
+        return RedisStore(spec) if redis else DiskStore(spec, size_limit or DEFAULT_DISK_CACHE_SIZE)
     raise TypeError("judge_cache must be True (in memory), False, a folder path for a disk cache, or a "
                     f"redis://host:port/db URL; got {type(spec).__name__}")

@@ -94,7 +94,6 @@ class Judge:
         # max_judge_cost_usd=: once the measured spend reaches it, requests are refused (cache hits still answer)
         self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
-        self._inflight: dict[str, threading.Event] = {}
         self._requests_sent = self._retries = self._failed = self._hits = self._active = 0  # _active: in progress
         self._prompt_tokens = self._completion_tokens = 0
         self._cost: float | None = 0.0  # None once a request's price is unknown
@@ -181,49 +180,17 @@ class Judge:
         if self.cache is None or context.wants_fresh_answers():  # the check's repeats: ask the model again
             return self._send(target, request, cancelled)
         key = request_key(request)
-        while True:
-            text, leader = self._lookup_or_lead(key, cancelled)
-            if text is None and leader is not None:
-                store = self.cache.store  # shared by processes: another one may be fetching it
-                try:
-                    text = store.lead_or_wait(key, self.timeout, cancelled) if store is not None else None
-                    if text is None:
-                        text = self._send(target, request, cancelled)
-                        self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
-                        return text
-                    self.cache.memory.put(key, text)
-                finally:
-                    if store is not None:
-                        store.release(key)
-                    with self._lock:
-                        del self._inflight[key]
-                    leader.set()
-            if text is not None:
-                with self._lock:
-                    self._hits += 1
-                return text
-            # else another thread sent the same request; it may have failed, so look again
-
-    def _lookup_or_lead(self, key: str, cancelled: threading.Event) -> tuple[str | None, threading.Event | None]:
-        """(cached text, None); (None, event) when this thread is to send the request; or (None, None) after
-        waiting for another thread that sent the same request."""
-        assert self.cache is not None
-        text = self.cache.get(key)
+        text = self.cache.lead_or_wait(key, self.timeout, cancelled)  # None: this thread sends it
         if text is not None:
-            return text, None
-        with self._lock:
-            text = self.cache.memory.get(key)
-            if text is not None:
-                return text, None
-            running = self._inflight.get(key)
-            if running is None:
-                event = self._inflight[key] = threading.Event()
-                return None, event
-        with context.llm_pool.waiting():
-            while not running.wait(limits.WAIT_STEP):
-                if cancelled.is_set():
-                    raise limits.Cancelled
-        return None, None
+            with self._lock:
+                self._hits += 1
+            return text
+        try:
+            text = self._send(target, request, cancelled)
+            self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
+            return text
+        finally:
+            self.cache.release(key)
 
     def _send(self, target: Endpoint, request: dict[str, Any], cancelled: threading.Event) -> str:
         """Call LiteLLM with bounded retries, within the limits; count usage; return the answer text."""
@@ -365,7 +332,7 @@ class Judge:
                               seconds=self._seconds + running)
 
     def __repr__(self) -> str:
-        cache = self.cache.describe() if self.cache is not None else "off"
+        cache = self.cache.where if self.cache is not None else "off"
         return secrets.redact(f"Judge(metric_lm={self._metric!r}, reflection_lm={self._reflection!r}, "
                               f"cache={cache!r})")
 

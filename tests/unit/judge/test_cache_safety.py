@@ -69,7 +69,7 @@ def test_a_planted_pickle_runs_nothing_and_is_a_miss_with_one_warning(server, tm
 def test_a_damaged_or_forged_entry_is_a_miss(server, tmp_path, caplog, damage):
     folder = tmp_path / "cache"
     judge = judge_for(server, folder)
-    judge.cache.store._cache.set(the_key(judge, "one"), damage)
+    judge.cache._cache.set(the_key(judge, "one"), damage)
     with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
         assert judge.complete("Grade.", "one") == "ok"
     assert len(server.requests) == 1
@@ -119,7 +119,7 @@ def test_credential_settings_reach_no_cache_file_repr_or_log(server, tmp_path, c
             judge.complete("Grade.", "two")
         except Exception as exc:  # the error text is logged and shown: it is redacted too
             logging.getLogger("skynet_dspy").error("failed: %s", exc)
-    judge.cache.store.close()
+    judge.cache.close()
     for path in folder.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
@@ -165,8 +165,8 @@ def test_swapping_the_folder_after_it_was_checked_has_no_effect(server, tmp_path
     assert judge.complete("Grade.", "first") == "ok"  # the store is open and used
     forger_folder = tmp_path / "forged"
     forger = judge_for(server, forger_folder)
-    forger.cache.store.put(the_key(judge, "second"), "PASS: forged", {"model": "openai/gpt-4o-mini"})
-    forger.cache.store.close()
+    forger.cache.put(the_key(judge, "second"), "PASS: forged", {"model": "openai/gpt-4o-mini"})
+    forger.cache.close()
     folder.rename(tmp_path / "moved-away")
     forger_folder.rename(folder)
     answers: list[str] = []

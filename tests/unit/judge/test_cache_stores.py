@@ -232,7 +232,7 @@ def test_the_disk_cache_is_bounded_by_judge_cache_size(server, tmp_path):
     judge = judge_for(server, folder, cache_size=200_000)
     for number in range(40):
         judge.complete("Repeat.", f"answer {number}")
-    judge.cache.store.close()
+    judge.cache.close()
     with diskcache.Cache(str(folder)) as store:
         assert store.volume() < 400_000  # 40 answers of 20 kB would be 800 kB: the oldest were evicted
         assert len(store) < 40

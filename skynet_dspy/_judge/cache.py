@@ -349,6 +349,8 @@ class DiskStore(AnswerCache):
         return True
 
     def _unclaim(self, marker: str, owner: str) -> None:
+        if self._cache is None:  # never opened: this process set no marker
+            return
         with self._write_lock, self._cache.transact(retry=False):
             if self._raw(marker) == owner:
                 self._cache.delete(marker, retry=False)

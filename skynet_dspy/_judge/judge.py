@@ -197,7 +197,10 @@ class Judge:
         litellm = _import_litellm()
         request = {"timeout": self.timeout, **request, "num_retries": 0, "max_retries": 0}
         if self.spend_cap is not None and not (request.get("max_tokens") or request.get("max_completion_tokens")):
-            request["max_tokens"] = _max_tokens(litellm, request["model"])  # so its reservation is its largest cost
+            known = (_litellm("get_model_info", model=request["model"]) or {}).get("max_output_tokens")
+            # so its reservation is its largest cost: CAPPED_MAX_TOKENS, or the model's own limit if lower
+            request["max_tokens"] = min(CAPPED_MAX_TOKENS, known) if isinstance(known, int) and known > 0 else (
+                CAPPED_MAX_TOKENS)
         state = limits.endpoint_state(target.model, target.api_base)
         with self._busy():
             for attempt in itertools.count(1):
@@ -249,7 +252,7 @@ class Judge:
             self._in_flight.release()  # a 429 paused the endpoint while this request waited for its turn
         reserved = response = None
         try:
-            reserved = self._reserve(litellm, request, cancelled)
+            reserved = self._reserve(request, cancelled)
             if cancelled.is_set():
                 raise limits.Cancelled
             with self._lock:
@@ -265,7 +268,7 @@ class Judge:
             raise retry.EmptyCompletion(f"the model returned an empty completion (finish_reason={_finish(response)})")
         return text
 
-    def _reserve(self, litellm: Any, request: dict[str, Any], cancelled: threading.Event) -> float:
+    def _reserve(self, request: dict[str, Any], cancelled: threading.Event) -> float:
         """Under a cap: reserve the request's largest cost (its prompt's tokens and its max_tokens), or
         SpendCapReached. 0 without a cap."""
         if self.spend_cap is None:
@@ -273,8 +276,8 @@ class Judge:
         completion = request.get("max_tokens") or request.get("max_completion_tokens")
         if not isinstance(completion, int) or isinstance(completion, bool) or completion < 1:
             completion = CAPPED_MAX_TOKENS
-        prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
-        estimate = _price(litellm, request["model"], prompt, completion) if prompt is not None else None
+        prompt = _litellm("token_counter", model=request["model"], messages=request["messages"])
+        estimate = _price(request["model"], prompt, completion)
         return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}", cancelled)
 
     def _settle(self, reserved: float | None, response: Any, request: dict[str, Any]) -> str:
@@ -282,11 +285,10 @@ class Judge:
         text, model = _answer(response), request["model"]
         prompt, completion, cost = response_usage(response) if response is not None else (0, 0, 0.0)
         if response is not None and prompt == completion == 0:  # no usage in the reply: count, never price it $0
-            litellm = _import_litellm()
-            counted = (_count_tokens(litellm, model, messages=request["messages"]),
-                       _count_tokens(litellm, model, text=text))
+            counted = (_litellm("token_counter", model=model, messages=request["messages"]),
+                       _litellm("token_counter", model=model, text=text))
             prompt, completion = counted[0] or 0, counted[1] or 0
-            cost = None if None in counted else _price(litellm, model, prompt, completion)
+            cost = None if None in counted else _price(model, prompt, completion)
         if self.spend_cap is not None and reserved is not None:
             self.spend_cap.charge(cost, f"no price known for model {model}", reserved)
         with self._lock:
@@ -343,34 +345,22 @@ def _import_litellm() -> Any:
     return litellm
 
 
-def _count_tokens(litellm: Any, model: str, **what: Any) -> int | None:
-    """Tokens in `messages=` or `text=` by LiteLLM's counter for `model`, or None when it cannot count them."""
+def _litellm(name: str, **kwargs: Any) -> Any:
+    """litellm.<name>(**kwargs), or None when LiteLLM raises (a model it does not know or price, odd content)."""
     try:
-        return int(litellm.token_counter(model=model, **what))
-    except Exception:  # noqa: BLE001 - an unknown model or odd content: unknown, never 0
+        return getattr(_import_litellm(), name)(**kwargs)
+    except Exception:  # noqa: BLE001 - unknown, never 0
         return None
 
 
-def _max_tokens(litellm: Any, model: str) -> int:
-    """CAPPED_MAX_TOKENS, or the model's own output limit when LiteLLM knows a lower one."""
-    try:
-        known = litellm.get_model_info(model).get("max_output_tokens")
-    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it does not know
-        known = None
-    return min(CAPPED_MAX_TOKENS, known) if isinstance(known, int) and known > 0 else CAPPED_MAX_TOKENS
-
-
-def _price(litellm: Any, model: str, prompt: int, completion: int) -> float | None:
+def _price(model: str, prompt: int | None, completion: int) -> float | None:
     """USD for `prompt` + `completion` tokens of `model` at LiteLLM's prices, or None when it has none."""
-    try:
-        return float(sum(litellm.cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=completion)))
-    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it has no price for
-        return None
+    costs = _litellm("cost_per_token", model=model, prompt_tokens=prompt, completion_tokens=completion)
+    return float(sum(costs)) if costs is not None and prompt is not None else None
 
 
 def _error_text(exc: BaseException) -> str:
-    message = secrets.redact(" ".join(str(exc).split()))  # redacted before it is cut, so no half key is left
-    message = clip_words(message, 500)
+    message = clip_words(secrets.redact(" ".join(str(exc).split())), 500)  # redacted before it is cut
     if type(exc).__name__ not in message:
         message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return secrets.redact(message)

@@ -22,8 +22,7 @@ import pytest
 
 import skynet_dspy
 from skynet_dspy._judge import Judge
-from skynet_dspy._judge.cache import DiskStore
-from skynet_dspy._judge.cache import KEY_PREFIX
+from skynet_dspy._judge.cache import KEY_PREFIX, DiskStore
 from skynet_dspy.devserver import DevServer
 
 KEY = "store-test-key-98765"

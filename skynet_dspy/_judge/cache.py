@@ -249,25 +249,29 @@ class AnswerCache:
         wait ends when `stop` is set (limits.Cancelled)."""
         owner, deadline, stop = owner_marker(), time.monotonic() + patience, stop or threading.Event()
         text = self.get(key)
-        with llm_pool.waiting():
-            while text is None:  # another thread of this process may be sending it
-                with self._lock:
-                    text = self.memory.get(key)
-                    if text is None and self._leaders.setdefault(key, owner) == owner:
-                        break
-                if text is None and stop.wait(WAIT_STEP):
-                    raise Cancelled
+        if text is not None:
+            return text
+        with self._lock:
+            leader = self._leaders.setdefault(key, owner)
+        if leader != owner:
+            with llm_pool.waiting():
+                while leader != owner:  # another thread of this process is sending it
+                    if stop.wait(WAIT_STEP):
+                        raise Cancelled
+                    with self._lock:  # the leader stores its answer before it lets go of the lead
+                        text = self.memory.get(key)
+                        if text is not None:
+                            return text
+                        leader = self._leaders.setdefault(key, owner)
+        try:  # this thread leads in its process; another process may be sending it
+            while not self.skipping() and not self._claim(IN_FLIGHT_PREFIX + key, owner):
+                text = self._read(key)
+                if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
+                    break
             else:
-                return text
-            try:  # this thread leads in its process; another process may be sending it
-                while not self.skipping() and not self._claim(IN_FLIGHT_PREFIX + key, owner):
-                    text = self._read(key)
-                    if text is not None or time.monotonic() > deadline or stop.wait(WAIT_STEP):
-                        break
-                else:
-                    text = None if self.skipping() else self._read(key)  # stored since this thread looked?
-            except self.errors as exc:
-                self._failed(exc)
+                text = None if self.skipping() else self._read(key)  # stored since this thread looked?
+        except self.errors as exc:
+            self._failed(exc)
         if text is not None:
             self.release(key)
         return text

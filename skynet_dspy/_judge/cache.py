@@ -251,18 +251,9 @@ class AnswerCache:
         text = self.get(key)
         if text is not None:
             return text
-        with self._lock:
-            leader = self._leaders.setdefault(key, owner)
-        if leader != owner:
-            with llm_pool.waiting():
-                while leader != owner:  # another thread of this process is sending it
-                    if stop.wait(WAIT_STEP):
-                        raise Cancelled
-                    with self._lock:  # the leader stores its answer before it lets go of the lead
-                        text = self.memory.get(key)
-                        if text is not None:
-                            return text
-                        leader = self._leaders.setdefault(key, owner)
+        text = self._lead_in_process(key, owner, stop)
+        if text is not None:
+            return text
         try:  # this thread leads in its process; another process may be sending it
             while not self.skipping() and not self._claim(IN_FLIGHT_PREFIX + key, owner):
                 text = self._read(key)
@@ -275,6 +266,21 @@ class AnswerCache:
         if text is not None:
             self.release(key)
         return text
+
+    def _lead_in_process(self, key: str, owner: str, stop: threading.Event) -> str | None:
+        """None once this thread leads on `key` in its process; the answer if another thread sent it meanwhile."""
+        with self._lock:
+            leader = self._leaders.setdefault(key, owner)
+        if leader == owner:
+            return None
+        with llm_pool.waiting():
+            while True:  # another thread of this process is sending it
+                if stop.wait(WAIT_STEP):
+                    raise Cancelled
+                with self._lock:  # the leader stores its answer before it lets go of the lead
+                    text = self.memory.get(key)
+                    if text is not None or self._leaders.setdefault(key, owner) == owner:
+                        return text
 
     def release(self, key: str) -> None:
         """Clear the lead on `key` if this thread took it (another process's marker is left alone; it also expires)."""

@@ -21,8 +21,7 @@ from typing import Any
 
 from .._core.logs import logger
 from .._core.lru import LRU
-from .._judge.cache import json_cache
-from .._judge.entries import BadEntry
+from .._judge.cache import BadEntry, json_cache
 
 MEMORY_ENTRIES = 65_536  # about 200 bytes each: ~13 MB at most
 DISK_SIZE_LIMIT = 64 * 1024 * 1024

@@ -1,46 +1,38 @@
-"""A model to call, from any of the ways a user names one: the one parser of model specs in the package.
-
-A model is a LiteLLM model string ("openai/gpt-4o-mini"), a settings dict {"model", "api_base",
-"api_key", "temperature", ...} or a dspy.LM (its model, base URL, key and sampling settings are used).
-The key is kept apart from the other settings, so no repr of settings can show it.
-"""
+"""A model to call, the one parser of model specs in the package: a LiteLLM model string, a settings dict
+{"model", "api_base", "api_key", ...} or a dspy.LM. The key is kept apart, so no repr of settings can show it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._core import secrets
-from .entries import is_credential_setting, public_settings
 
 # dspy.LM settings that are DSPy's own or that the judge sets itself: never sent to LiteLLM.
 _NOT_SENT = frozenset({"rollout_id", "prompt_cache", "num_retries", "max_retries", "cache", "callbacks"})
-_FORMS = (
-    "a LiteLLM model string ('openai/gpt-4o-mini'), a dict {'model': ..., 'api_base': ..., 'api_key': ...} "
-    "or a dspy.LM"
-)
+_FORMS = ("a LiteLLM model string ('openai/gpt-4o-mini'), a dict {'model': ..., 'api_base': ..., 'api_key': ...} "
+          "or a dspy.LM")
 
 
-class Settings(Mapping[str, Any]):
-    """An endpoint's settings, read-only, whose repr masks credentials (a password or key inside api_base)."""
+def is_credential_setting(name: object) -> bool:
+    """Whether a setting's name suggests a credential (`*key*`, `*token*`, `*secret*`, ...; not max_tokens): never
+    keyed, stored or shown."""
+    return not str(name).lower().endswith("tokens") and secrets.is_credential_name(str(name))
 
-    __slots__ = ("_values",)
 
-    def __init__(self, values: Mapping[str, Any]):
-        self._values = dict(values)
+def public_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` without credentials: credential-named settings left out, every header's value hidden."""
+    return {name: {str(header): "<hidden>" for header in value}
+            if name in ("extra_headers", "headers") and isinstance(value, dict) else value
+            for name, value in settings.items() if not is_credential_setting(name)}
 
-    def __getitem__(self, key: str) -> Any:
-        return self._values[key]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
+class Settings(dict[str, Any]):
+    """An endpoint's settings, whose repr masks credentials (credential settings, headers, a key inside api_base)."""
 
     def __repr__(self) -> str:
-        return secrets.redact(repr(public_settings(self._values)))
+        return secrets.redact(repr(public_settings(self)))
 
     __str__ = __repr__
 
@@ -52,33 +44,23 @@ _QUERY_NAMES = frozenset({"sig", "signature", "code", "auth"})
 def register_url_credentials(url: Any) -> None:
     """Register for redaction the password in a URL's userinfo and the values of its credential-like query
     parameters (`?key=...`, `&token=...`), each as written and %-decoded."""
-    if not isinstance(url, str) or ("@" not in url and "?" not in url):
-        return
     try:
-        parts = urlsplit(url)
-        found = [parts.password] if parts.password else []  # as written (urlsplit does not decode it)
+        parts = urlsplit(url) if isinstance(url, str) else None
+        found = [parts.password or ""] if parts else []  # as written (urlsplit does not decode it)
     except ValueError:
         return
-    for pair in parts.query.split("&"):
-        name, _, value = pair.partition("=")
-        name = unquote(name)
-        if value and (secrets.is_credential_name(name) or name.lower() in _QUERY_NAMES):
-            found.append(value)
-    for value in found:
-        secrets.register(value)
-        secrets.register(unquote(value.replace("+", " ")))
+    pairs = [pair.partition("=") for pair in parts.query.split("&")] if parts else []
+    found += [value for name, _, value in pairs if secrets.is_credential_name(unquote(name))
+              or unquote(name).lower() in _QUERY_NAMES]
+    _register_all(found + [unquote(value.replace("+", " ")) for value in found])
 
 
 def _register_all(value: Any) -> None:
     """Register for redaction every text in a credential setting (a str, or the values of a dict or list)."""
-    if isinstance(value, str):
-        secrets.register(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _register_all(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _register_all(item)
+    values = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
+    for item in values if values is not None else ():
+        _register_all(item)
+    secrets.register(value)
 
 
 class Endpoint:
@@ -151,17 +133,13 @@ def endpoint(spec: Any, role: str) -> Endpoint | None:
         settings = dict(spec)
         model = settings.pop("model", None)
         if not isinstance(model, str) or not model.strip():
-            raise ValueError(
-                f"{role} as a dict needs a 'model' string, e.g. {{'model': 'openai/gpt-4o-mini', "
-                f"'api_base': ..., 'api_key': ...}}; got keys {sorted(map(str, spec))}"
-            )
+            raise ValueError(f"{role} as a dict needs a 'model' string, e.g. {{'model': 'openai/gpt-4o-mini', "
+                             f"'api_base': ..., 'api_key': ...}}; got keys {sorted(map(str, spec))}")
         return _from_settings(model.strip(), settings, role)
     if is_lm(spec):
         if not isinstance(getattr(spec, "engine", "auto"), str):
-            raise TypeError(
-                f"{role} is a dspy.LM with a custom engine, which LiteLLM cannot call; give the model as "
-                "a LiteLLM string or a dict {'model': ..., 'api_base': ..., 'api_key': ...} instead"
-            )
+            raise TypeError(f"{role} is a dspy.LM with a custom engine, which LiteLLM cannot call; give the model as "
+                            "a LiteLLM string or a dict {'model': ..., 'api_base': ..., 'api_key': ...} instead")
         return _from_settings(spec.model, dict(spec.kwargs), role)
     raise TypeError(f"{role} must be {_FORMS}; got {type(spec).__name__}")
 

@@ -1,14 +1,6 @@
-"""The judge behind llm(): the metric model, falling back to the reflection model, through LiteLLM.
-
-The rules: docs/contract.md#llm.
-
-A Judge holds where a metric's llm() calls go, retries transient failures (retry.py), pays for an
-identical request once (cache.py, with concurrent identical requests sent once), keeps to its limits
-(limits.py: in flight, per minute, an endpoint's 429 pause and circuit breaker) and counts what the
-judge used. A request belongs to its metric call: once the call ends (context.CallScope) or the judge
-is closed, it stops waiting and is never sent or retried. LiteLLM is imported when a model is set, so
-`import skynet_dspy` stays fast.
-"""
+"""The judge behind llm() (docs/contract.md#llm): where a metric's llm() calls go, through LiteLLM, with retries
+(retry.py), a cache (cache.py), limits (limits.py) and usage counts. A request belongs to its metric call: once the
+call ends (context.CallScope) or the judge is closed, it is never sent or retried."""
 
 from __future__ import annotations
 
@@ -38,9 +30,8 @@ from .._core.values import (
 )
 from ..errors import LLMCallError, ModelNotConfigured, SpendCapReached
 from . import limits, retry
-from .cache import AnswerCache, make_cache
+from .cache import AnswerCache, make_cache, request_key
 from .endpoints import Endpoint, endpoint
-from .entries import request_key
 from .litellm_private import no_banner, response_cost
 from .spend import SpendCap
 
@@ -48,12 +39,7 @@ DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds per HTTP request to the judge model
 DEFAULT_MAX_RETRIES = 4  # retries after the first attempt, on 408 / 429 / 5xx / connection errors
 DEFAULT_RETRY_BASE_DELAY = 1.0  # seconds; doubled on every retry
 CAPPED_MAX_TOKENS = 4096  # under a cap, the max_tokens sent when the metric set none (or the model's own, if lower)
-
-def _sleep(seconds: float, cancelled: threading.Event) -> None:
-    """The backoff before a retry, ended (Cancelled) when the request's call ends; tests replace it to record it."""
-    limits.wait(cancelled, seconds)
-
-NOT_CONFIGURED = NO_JUDGE_MODEL  # what llm() says with no model to call
+_sleep = limits.wait  # the backoff before a retry (tests replace it to record it)
 
 
 def response_usage(response: Any) -> tuple[int, int, float | None]:
@@ -101,23 +87,17 @@ class Judge:
         self._requests: set[threading.Event] = set()  # the cancel events of requests in progress, for close()
         self.max_retries = whole_number("max_retries", max_retries)
         self.timeout = seconds("timeout", timeout)
-        if retry_base_delay != 0:
-            seconds("retry_base_delay", retry_base_delay)
-        self.retry_base_delay = float(retry_base_delay)
+        self.retry_base_delay = float(seconds("retry_base_delay", retry_base_delay) if retry_base_delay else 0)
         self.metric_lm = metric_lm
         self.reflection_lm = reflection_lm
         self.cache: AnswerCache | None = make_cache(cache, cache_size)
         # max_judge_cost_usd=: once the measured spend reaches it, requests are refused (cache hits still answer)
         self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
-        self._inflight: dict[str, threading.Event] = {}
-        self._requests_sent = self._retries = self._failed = self._hits = 0
+        self._requests_sent = self._retries = self._failed = self._hits = self._active = 0  # _active: in progress
         self._prompt_tokens = self._completion_tokens = 0
-        self._cost = 0.0
-        self._cost_known = True
-        self._seconds = 0.0  # wall-clock time with at least one request in progress, up to _busy_since
-        self._active = 0  # requests in progress
-        self._busy_since = 0.0
+        self._cost: float | None = 0.0  # None once a request's price is unknown
+        self._seconds = self._busy_since = 0.0  # wall-clock time with at least one request in progress
 
     # -- configuration --------------------------------------------------------------------
 
@@ -130,7 +110,7 @@ class Judge:
     def metric_lm(self, spec: Any) -> None:
         self._metric = endpoint(spec, "metric model")
         if self._metric is not None:
-            _import_litellm()
+            _import_litellm()  # seconds, once per process: paid when a model is set, not in a metric's first call
 
     @property
     def reflection_lm(self) -> Endpoint | None:
@@ -149,13 +129,9 @@ class Judge:
         return self._route(raise_missing=False) is not None
 
     def _route(self, raise_missing: bool = True) -> Endpoint | None:
-        found = self._metric or self._reflection
-        if found is None:
-            default = _default
-            if default is not None and default is not self:
-                found = default._metric or default._reflection
+        found = self._metric or self._reflection or (_default._metric or _default._reflection if _default else None)
         if found is None and raise_missing:
-            raise ModelNotConfigured(NOT_CONFIGURED)
+            raise ModelNotConfigured(NO_JUDGE_MODEL)
         return found
 
     # -- the call -------------------------------------------------------------------------
@@ -171,22 +147,17 @@ class Judge:
         for this call. Identical requests are answered from the cache, and sent once when made at once.
         """
         check_llm_arguments(instructions, input, overrides)
-        cancelled = threading.Event()
-        scope = context.current_scope()
-        if scope is not None:
-            scope.watch(cancelled)
+        cancelled, scope = threading.Event(), context.current_scope() or context.CallScope()
+        scope.watch(cancelled)
         with self._lock:
             self._requests.add(cancelled)
         try:
             return self._complete(instructions, input, overrides, cancelled)
         except limits.Cancelled:
-            raise LLMCallError(
-                "skynet.llm(): the request was not sent: its metric call had ended (scored, timed out or stopped) "
-                "or the metric was closed"
-            ) from None
+            raise LLMCallError("skynet.llm(): the request was not sent: its metric call had ended (scored, timed out "
+                               "or stopped) or the metric was closed") from None
         finally:
-            if scope is not None:
-                scope.unwatch(cancelled)
+            scope.unwatch(cancelled)
             with self._lock:
                 self._requests.discard(cancelled)
 
@@ -202,110 +173,73 @@ class Judge:
     ) -> str:
         target = self._route()
         assert target is not None
-        if input is None:
-            messages = [{"role": "user", "content": instructions}]
-        else:
-            messages = [{"role": "system", "content": instructions}, {"role": "user", "content": input}]
+        messages = [{"role": "user", "content": instructions}] if input is None else [
+            {"role": "system", "content": instructions}, {"role": "user", "content": input}]
         settings = {key: value for key, value in overrides.items() if value is not None}
         request = {**target.litellm_kwargs(), "messages": messages, **settings}
         if self.cache is None or context.wants_fresh_answers():  # the check's repeats: ask the model again
             return self._send(target, request, cancelled)
         key = request_key(request)
-        while True:
-            text, leader = self._lookup_or_lead(key, cancelled)
-            if text is not None:
-                with self._lock:
-                    self._hits += 1
-                return text
-            if leader is None:
-                continue  # another thread sent the same request; it may have failed, so look again
-            shared = self.cache.store.lead_or_wait if self.cache.store is not None else None  # shared by processes
-            try:
-                text = shared(key, self.timeout, cancelled) if shared is not None else None
-                if text is not None:  # another process fetched it meanwhile
-                    self.cache.memory.put(key, text)
-                    with self._lock:
-                        self._hits += 1
-                    return text
-                text = self._send(target, request, cancelled)
-                self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
-                return text
-            finally:
-                if self.cache.store is not None:
-                    self.cache.store.release(key)
-                with self._lock:
-                    del self._inflight[key]
-                leader.set()
-
-    def _lookup_or_lead(self, key: str, cancelled: threading.Event) -> tuple[str | None, threading.Event | None]:
-        """(cached text, None); (None, event) when this thread is to send the request; or (None, None) after
-        waiting for another thread that sent the same request."""
-        assert self.cache is not None
-        text = self.cache.get(key)
+        text = self.cache.lead_or_wait(key, self.timeout, cancelled)  # None: this thread sends it
         if text is not None:
-            return text, None
-        with self._lock:
-            text = self.cache.memory.get(key)
-            if text is not None:
-                return text, None
-            running = self._inflight.get(key)
-            if running is None:
-                event = self._inflight[key] = threading.Event()
-                return None, event
-        with context.llm_pool.waiting():
-            while not running.wait(limits.WAIT_STEP):
-                if cancelled.is_set():
-                    raise limits.Cancelled
-        return None, None
+            with self._lock:
+                self._hits += 1
+            return text
+        try:
+            text = self._send(target, request, cancelled)
+            self.cache.put(key, text, request)  # (_send never returns an empty answer: it retries it)
+            return text
+        finally:
+            self.cache.release(key)
 
     def _send(self, target: Endpoint, request: dict[str, Any], cancelled: threading.Event) -> str:
         """Call LiteLLM with bounded retries, within the limits; count usage; return the answer text."""
         litellm = _import_litellm()
-        request = {**request, "num_retries": 0, "max_retries": 0}
-        request.setdefault("timeout", self.timeout)
+        request = {"timeout": self.timeout, **request, "num_retries": 0, "max_retries": 0}
         if self.spend_cap is not None and not (request.get("max_tokens") or request.get("max_completion_tokens")):
-            request["max_tokens"] = _max_tokens(litellm, request["model"])  # so its reservation is its largest cost
+            known = (_litellm("get_model_info", model=request["model"]) or {}).get("max_output_tokens")
+            # so its reservation is its largest cost: CAPPED_MAX_TOKENS, or the model's own limit if lower
+            request["max_tokens"] = min(CAPPED_MAX_TOKENS, known) if isinstance(known, int) and known > 0 else (
+                CAPPED_MAX_TOKENS)
         state = limits.endpoint_state(target.model, target.api_base)
         with self._busy():
-            try:
-                for attempt in itertools.count(1):
+            for attempt in itertools.count(1):
+                try:
+                    return self._attempt(litellm, target, request, state, cancelled, attempt)
+                except (limits.Cancelled, SpendCapReached):
+                    raise
+                except LLMCallError:
+                    with self._lock:
+                        self._failed += 1
+                    raise
+                except Exception as exc:  # noqa: BLE001 - _retry_delay decides: retry, or an LLMCallError
                     try:
-                        return self._attempt(litellm, target, request, state, cancelled, attempt)
-                    except (limits.Cancelled, LLMCallError, SpendCapReached):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - _retry_delay decides: retry, or an LLMCallError
                         delay = self._retry_delay(target, exc, attempt, state)
-                    _sleep(delay, cancelled)
-            except LLMCallError:
-                with self._lock:
-                    self._failed += 1
-                raise
+                    except LLMCallError:
+                        with self._lock:
+                            self._failed += 1
+                        raise
+                _sleep(delay, cancelled)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
         """Count the wall-clock time during which at least one request is in progress (usage.seconds)."""
         with self._lock:
-            if self._active == 0:
-                self._busy_since = time.perf_counter()
+            self._busy_since = self._busy_since if self._active else time.perf_counter()
             self._active += 1
         try:
             yield
         finally:
             with self._lock:
                 self._active -= 1
-                if self._active == 0:
-                    self._seconds += time.perf_counter() - self._busy_since
+                self._seconds += 0.0 if self._active else time.perf_counter() - self._busy_since
 
-    def _attempt(
-        self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
-        cancelled: threading.Event, attempt: int,
-    ) -> str:
+    def _attempt(self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
+                 cancelled: threading.Event, attempt: int) -> str:
         """One request: wait for the endpoint (a 429's pause; its breaker) and a turn within the limits, reserve its
         largest cost under a cap, send it, settle."""
         while True:
-            if cancelled.is_set():
-                raise limits.Cancelled
             try:
                 state.before_send(cancelled)
             except limits.Unreachable as exc:
@@ -316,106 +250,75 @@ class Judge:
             if not state.paused():
                 break
             self._in_flight.release()  # a 429 paused the endpoint while this request waited for its turn
+        reserved = response = None
         try:
-            reserved = self._reserve(litellm, request, cancelled)
+            reserved = self._reserve(request, cancelled)
             if cancelled.is_set():
-                self._settle(reserved, None, None, request)
                 raise limits.Cancelled
             with self._lock:
                 self._requests_sent += 1
                 self._retries += attempt > 1
-            try:
-                with context.judging(), no_banner(litellm):
-                    response = litellm.completion(**request)
-            except Exception:
-                self._settle(reserved, None, None, request)
-                raise
+            with context.judging(), no_banner(litellm):
+                response = litellm.completion(**request)
         finally:
             self._in_flight.release()
+            text = self._settle(reserved, response, request)
         state.answered()
-        text = _answer_text(response)
-        self._settle(reserved, response, text, request)
         if not text.strip():
-            raise retry.EmptyCompletion(
-                f"the model returned an empty completion (finish_reason={_finish_reason(response)})"
-            )
+            raise retry.EmptyCompletion(f"the model returned an empty completion (finish_reason={_finish(response)})")
         return text
 
-    def _reserve(self, litellm: Any, request: dict[str, Any], cancelled: threading.Event) -> float | None:
+    def _reserve(self, request: dict[str, Any], cancelled: threading.Event) -> float:
         """Under a cap: reserve the request's largest cost (its prompt's tokens and its max_tokens), or
-        SpendCapReached. None without a cap."""
+        SpendCapReached. 0 without a cap."""
         if self.spend_cap is None:
-            return None
+            return 0.0
         completion = request.get("max_tokens") or request.get("max_completion_tokens")
         if not isinstance(completion, int) or isinstance(completion, bool) or completion < 1:
             completion = CAPPED_MAX_TOKENS
-        prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
-        estimate = _price(litellm, request["model"], prompt, completion) if prompt is not None else None
+        prompt = _litellm("token_counter", model=request["model"], messages=request["messages"])
+        estimate = _price(request["model"], prompt, completion)
         return self.spend_cap.reserve(estimate, f"no price known for model {request['model']}", cancelled)
 
-    def _settle(self, reserved: float | None, response: Any, text: str | None, request: dict[str, Any]) -> None:
-        """Count a request's usage (a failed one costs nothing) and give back its reservation."""
-        if response is None:
-            if reserved is not None and self.spend_cap is not None:
-                self.spend_cap.settle(reserved, 0.0)
-            return
-        prompt, completion, cost = response_usage(response)
-        if prompt == 0 and completion == 0:  # a reply with no usage: count its tokens here, never price it $0
-            litellm = _import_litellm()
-            counted_prompt = _count_tokens(litellm, request["model"], messages=request["messages"])
-            counted_completion = _count_tokens(litellm, request["model"], text=text or "")
-            if counted_prompt is None or counted_completion is None:
-                cost = None
-            else:
-                prompt, completion = counted_prompt, counted_completion
-                cost = _price(litellm, request["model"], prompt, completion)
-        why = f"no price known for model {getattr(response, 'model', None) or request.get('model') or 'unknown'}"
-        if self.spend_cap is not None:
-            if reserved is not None:
-                self.spend_cap.settle(reserved, cost, why)
-            else:
-                self.spend_cap.charge(cost, why)
+    def _settle(self, reserved: float | None, response: Any, request: dict[str, Any]) -> str:
+        """Count a request's usage (a failed one costs nothing), give back its reservation; return the answer text."""
+        text, model = _answer(response), request["model"]
+        prompt, completion, cost = response_usage(response) if response is not None else (0, 0, 0.0)
+        if response is not None and prompt == completion == 0:  # no usage in the reply: count, never price it $0
+            counted = (_litellm("token_counter", model=model, messages=request["messages"]),
+                       _litellm("token_counter", model=model, text=text))
+            prompt, completion = counted[0] or 0, counted[1] or 0
+            cost = None if None in counted else _price(model, prompt, completion)
+        if self.spend_cap is not None and reserved is not None:
+            self.spend_cap.charge(cost, f"no price known for model {model}", reserved)
         with self._lock:
             self._prompt_tokens += prompt
             self._completion_tokens += completion
-            if cost is None:
-                self._cost_known = False
-            else:
-                self._cost += cost
+            self._cost = None if self._cost is None or cost is None else self._cost + cost
+        return text
 
     def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, state: limits.EndpointState) -> float:
         """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left.
         A refused connection opens the endpoint's breaker at once; a 429 that follows another pauses the endpoint."""
-        status = retry.status_of(exc)
-        where = f"the {target.role} {target.describe()}"
+        status, where, error = retry.status_of(exc), f"the {target.role} {target.describe()}", _error_text(exc)
         if retry.is_unreachable(exc):
-            state.unreachable(_error_text(exc))
-            raise LLMCallError(f"skynet.llm(): {where} cannot be reached: {_error_text(exc)}", status,
-                               unreachable=True) from None
+            state.unreachable(error)
+            raise LLMCallError(f"skynet.llm(): {where} cannot be reached: {error}", status, unreachable=True) from None
         if retry.is_refused(exc):
             refused = f"refused the request with HTTP {status}" if status in (401, 403) else "has no API key"
-            raise LLMCallError(
-                f"skynet.llm(): {where} {refused} ({_error_text(exc)}). Check the API key given for the "
-                f"{target.role} (api_key=, or the provider's environment variable such as OPENAI_API_KEY) and its "
-                "access to this model.",
-                status,
-                refused=True,
-            ) from None
+            raise LLMCallError(f"skynet.llm(): {where} {refused} ({error}). Check the API key given for the "
+                               f"{target.role} (api_key=, or the provider's environment variable such as "
+                               "OPENAI_API_KEY) and its access to this model.", status, refused=True) from None
         if not retry.is_retryable(exc):
-            raise LLMCallError(f"skynet.llm(): {where} failed: {_error_text(exc)}", status) from None
+            raise LLMCallError(f"skynet.llm(): {where} failed: {error}", status) from None
         delay = retry.backoff(attempt, self.retry_base_delay, retry.retry_after(exc))
         if status == 429:
             state.rate_limited(delay)
         if attempt > self.max_retries:
-            raise LLMCallError(
-                f"skynet.llm(): {where} failed {attempt} time(s) in a row; last error: {_error_text(exc)}",
-                status,
-                unreachable=True,
-            ) from None
-        logger.info(
-            "skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)",
-            where, _error_text(exc), delay, attempt + 1, self.max_retries + 1,
-        )
+            raise LLMCallError(f"skynet.llm(): {where} failed {attempt} time(s) in a row; last error: {error}", status,
+                               unreachable=True) from None
+        logger.info("skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)", where, error, delay,
+                    attempt + 1, self.max_retries + 1)
         return delay
 
     # -- what the user reads ----------------------------------------------------------------
@@ -425,86 +328,59 @@ class Judge:
         """A snapshot of the judge's usage through this object so far."""
         with self._lock:
             running = time.perf_counter() - self._busy_since if self._active else 0.0
-            return JudgeUsage(
-                requests=self._requests_sent,
-                retries=self._retries,
-                failed=self._failed,
-                cache_hits=self._hits,
-                prompt_tokens=self._prompt_tokens,
-                completion_tokens=self._completion_tokens,
-                cost_usd=self._cost if self._cost_known else None,
-                seconds=self._seconds + running,
-            )
+            return JudgeUsage(requests=self._requests_sent, retries=self._retries, failed=self._failed,
+                              cache_hits=self._hits, prompt_tokens=self._prompt_tokens,
+                              completion_tokens=self._completion_tokens, cost_usd=self._cost,
+                              seconds=self._seconds + running)
 
     def __repr__(self) -> str:
-        cache = self.cache.describe() if self.cache is not None else "off"
-        return secrets.redact(
-            f"Judge(metric_lm={self._metric!r}, reflection_lm={self._reflection!r}, cache={cache!r})"
-        )
+        cache = self.cache.where if self.cache is not None else "off"
+        return secrets.redact(f"Judge(metric_lm={self._metric!r}, reflection_lm={self._reflection!r}, "
+                              f"cache={cache!r})")
 
 
 def _import_litellm() -> Any:
-    """Import LiteLLM (seconds, once per process) when a model is set, so the first llm() call does not pay
-    for it inside the metric's timeout."""
     import litellm
 
     return litellm
 
 
-def _count_tokens(litellm: Any, model: str, **what: Any) -> int | None:
-    """Tokens in `messages=` or `text=` by LiteLLM's counter for `model`, or None when it cannot count them."""
+def _litellm(name: str, **kwargs: Any) -> Any:
+    """litellm.<name>(**kwargs), or None when LiteLLM raises (a model it does not know or price, odd content)."""
     try:
-        return int(litellm.token_counter(model=model, **what))
-    except Exception:  # noqa: BLE001 - an unknown model or odd content: unknown, never 0
+        return getattr(_import_litellm(), name)(**kwargs)
+    except Exception:  # noqa: BLE001 - unknown, never 0
         return None
 
 
-def _max_tokens(litellm: Any, model: str) -> int:
-    """CAPPED_MAX_TOKENS, or the model's own output limit when LiteLLM knows a lower one."""
-    try:
-        known = litellm.get_model_info(model).get("max_output_tokens")
-    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it does not know
-        known = None
-    return min(CAPPED_MAX_TOKENS, known) if isinstance(known, int) and known > 0 else CAPPED_MAX_TOKENS
-
-
-def _price(litellm: Any, model: str, prompt: int, completion: int) -> float | None:
+def _price(model: str, prompt: int | None, completion: int) -> float | None:
     """USD for `prompt` + `completion` tokens of `model` at LiteLLM's prices, or None when it has none."""
+    costs = _litellm("cost_per_token", model=model, prompt_tokens=prompt, completion_tokens=completion)
+    return float(sum(costs)) if costs is not None and prompt is not None else None
+
+
+def _error_text(exc: BaseException) -> str:
+    message = clip_words(secrets.redact(" ".join(str(exc).split())), 500)  # redacted before it is cut
+    if type(exc).__name__ not in message:
+        message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return secrets.redact(message)
+
+
+def _answer(response: Any) -> str:
     try:
-        prompt_cost, completion_cost = litellm.cost_per_token(
-            model=model, prompt_tokens=prompt, completion_tokens=completion
-        )
-        return float(prompt_cost) + float(completion_cost)
-    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it has no price for
-        return None
+        return content_text(response.choices[0].message.content)
+    except (AttributeError, IndexError, TypeError):
+        return ""
 
 
-def _finish_reason(response: Any) -> str:
+def _finish(response: Any) -> str:
     try:
         return str(response.choices[0].finish_reason)
     except (AttributeError, IndexError, TypeError):
         return "unknown"
 
 
-def _error_text(exc: BaseException) -> str:
-    message = secrets.redact(" ".join(str(exc).split()))  # redacted before it is cut, so no half key is left
-    message = clip_words(message, 500)
-    if type(exc).__name__ not in message:
-        message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return secrets.redact(message)
-
-
-def _answer_text(response: Any) -> str:
-    try:
-        content = response.choices[0].message.content
-    except (AttributeError, IndexError, TypeError):
-        return ""
-    return content_text(content)
-
-
 _default: Judge | None = None
-_default_lock = threading.Lock()
-
 
 
 def configure_llm(
@@ -530,7 +406,6 @@ def configure_llm(
         if name not in known:
             raise unknown_option("configure_llm()", name, known)
     judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=cache, **options)
-    with _default_lock:
-        _default = judge if judge.metric_lm or judge.reflection_lm else None
-    context.set_default_llm(judge if _default is not None else None)
+    _default = judge if judge.metric_lm or judge.reflection_lm else None
+    context.set_default_llm(_default)
     return judge

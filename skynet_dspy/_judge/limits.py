@@ -1,15 +1,10 @@
 """How fast the judge may send: requests in flight and per minute (per metric), pauses and a breaker (per endpoint).
 
-LiteLLM's Router has `rpm`, `tpm` and `max_parallel_requests`, but counts a fixed minute, so a minute's
-quota goes out at once (tripping providers' shorter windows), and routing every request through a Router
-would change how each is sent. So the two limits here are small and hand-written: a semaphore for the
-requests in flight, a token bucket that spaces starts evenly (one every 60/R seconds after a small
-burst). Every wait here ends at once when the request's call ends (`cancelled` is set), and gives its place in
+Hand-written: LiteLLM's Router counts a fixed minute, so a minute's quota goes out at once (tripping providers'
+shorter windows). Every wait here ends when the request's call ends (`cancelled` is set), and gives its place in
 the shared llm() pool back while it lasts (context.LLMPool.waiting), so no metric's limits delay another's calls.
-
-A 429 alone is retried alone (after its Retry-After); a 429 that follows another one from the same endpoint
-(with no answer between) means the endpoint is throttling: every request to it that has not started waits
-out the pause. A connection refused (or a name that does not resolve) opens the endpoint's breaker at once.
+A lone 429 is retried alone; a 429 that follows another from the same endpoint pauses every request to it that has
+not started. A connection refused (or a name that does not resolve) opens the endpoint's breaker at once.
 """
 
 from __future__ import annotations
@@ -34,21 +29,24 @@ class Unreachable(Exception):
     """The endpoint's circuit breaker is open: its last connections failed."""
 
 
-def wait(cancelled: threading.Event, seconds: float) -> None:
+def wait(seconds: float, cancelled: threading.Event) -> None:
     """Sleep `seconds`, or raise Cancelled as soon as `cancelled` is set."""
     if seconds > 0:
         with llm_pool.waiting():
-            if cancelled.wait(seconds):
-                raise Cancelled
+            cancelled.wait(seconds)
     if cancelled.is_set():
         raise Cancelled
+
+
+def checked_limit(name: str, value: object) -> int | None:
+    """judge_max_concurrency= / judge_rpm=: a whole number, 1 or more, or None (no limit)."""
+    return None if value is None else whole_number(name, value, minimum=1, unit="requests")
 
 
 class InFlight:
     """At most `limit` requests in flight at once (None: no limit)."""
 
     def __init__(self, limit: int | None):
-        self.limit = limit
         self._slots = threading.BoundedSemaphore(limit) if limit is not None else None
 
     def acquire(self, cancelled: threading.Event) -> None:
@@ -81,12 +79,11 @@ class PerMinute:
         rate = self.rpm / 60.0
         with self._lock:
             now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * rate)
+            self._tokens = min(self.burst, self._tokens + (now - self._updated) * rate) - 1
             self._updated = now
-            self._tokens -= 1  # below 0: this request's turn is -tokens/rate seconds away, after those waiting
-            delay = -self._tokens / rate if self._tokens < 0 else 0.0
+            delay = -self._tokens / rate  # > 0: this request's turn is that far away, after those waiting
         try:
-            wait(cancelled, delay)
+            wait(delay, cancelled)
         except Cancelled:
             with self._lock:
                 self._tokens += 1  # the turn goes to the next request
@@ -105,22 +102,14 @@ class EndpointState:
 
     def before_send(self, cancelled: threading.Event) -> None:
         """Wait out a pause; raise Unreachable while the breaker is open."""
-        while True:
-            with self.lock:
-                now = time.monotonic()
-                if now < self.open_until:
-                    raise Unreachable(
-                        f"it could not be reached a moment ago ({self.last_error}); not trying again for "
-                        f"{self.open_until - now:.0f} s"
-                    )
-                pause = self.paused_until - now
-            if pause <= 0:
-                return
-            wait(cancelled, pause)
+        while (pause := self.paused_until - time.monotonic()) > 0 or time.monotonic() < self.open_until:
+            if time.monotonic() < self.open_until:
+                raise Unreachable(f"it could not be reached a moment ago ({self.last_error}); not trying again for "
+                                  f"{self.open_until - time.monotonic():.0f} s")
+            wait(pause, cancelled)
 
     def paused(self) -> bool:
-        with self.lock:
-            return time.monotonic() < self.paused_until
+        return time.monotonic() < self.paused_until
 
     def rate_limited(self, seconds: float) -> bool:
         """A 429 that asks to wait `seconds` (bounded): True when it follows another 429, and so pauses every request
@@ -134,13 +123,11 @@ class EndpointState:
     def unreachable(self, error: str) -> None:
         """A connection refused, a name that does not resolve: requests to the endpoint fail at once for a while."""
         with self.lock:
-            self.last_error = error
-            self.open_until = time.monotonic() + BREAKER_SECONDS
+            self.last_error, self.open_until = error, time.monotonic() + BREAKER_SECONDS
 
     def answered(self) -> None:
         with self.lock:
-            self.throttled = False
-            self.open_until = 0.0
+            self.throttled, self.open_until = False, 0.0
 
 
 _endpoints: dict[tuple[str, str], EndpointState] = {}
@@ -149,16 +136,5 @@ _endpoints_lock = threading.Lock()
 
 def endpoint_state(model: str, api_base: str | None) -> EndpointState:
     """The process-wide state of an endpoint (a model at a base URL), shared by every judge that calls it."""
-    key = (model, api_base or "")
     with _endpoints_lock:
-        state = _endpoints.get(key)
-        if state is None:
-            state = _endpoints[key] = EndpointState()
-        return state
-
-
-def checked_limit(name: str, value: object) -> int | None:
-    """judge_max_concurrency= / judge_rpm=: a whole number, 1 or more, or None (no limit)."""
-    if value is None:
-        return None
-    return whole_number(name, value, minimum=1, unit="requests")
+        return _endpoints.setdefault((model, api_base or ""), EndpointState())

@@ -1,7 +1,7 @@
 """Whether and when to retry a failed judge request: one function per decision.
 
-LiteLLM's own retries (num_retries) retry any openai.APIError, a refused key included, with no wait;
-the judge turns them off and asks these instead.
+LiteLLM's own retries (num_retries) retry any openai.APIError, a refused key included, with no wait; the judge turns
+them off and asks these instead.
 """
 
 from __future__ import annotations
@@ -13,14 +13,18 @@ import random
 import re
 import socket
 import time
-from typing import Any
 
 MAX_RETRY_DELAY = 30.0  # no backoff or pause is longer; a larger Retry-After waits this long
 
-_RETRY_STATUSES = frozenset({408, 409, 429})
-_AUTH_STATUSES = frozenset({401, 403})
 # LiteLLM reports a missing key as a 500 before sending anything; retrying cannot help.
 _MISSING_KEY = re.compile(r"missing credentials|api_key client option must be set|no api key", re.IGNORECASE)
+_UNREACHABLE = re.compile(
+    r"connection refused|name or service not known|nodename nor servname|temporary failure in name resolution|"
+    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host",
+    re.IGNORECASE,
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class EmptyCompletion(Exception):
@@ -29,132 +33,84 @@ class EmptyCompletion(Exception):
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of a failed request, when the error carries one."""
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and not isinstance(status, bool):
-        return status
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) and not isinstance(status, bool) else None
+    for status in (getattr(exc, "status_code", None), getattr(getattr(exc, "response", None), "status_code", None)):
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status
+    return None
 
 
 def is_refused(exc: BaseException) -> bool:
     """A refused (401/403) or missing key: fail at once, retrying cannot help."""
-    return status_of(exc) in _AUTH_STATUSES or bool(_MISSING_KEY.search(str(exc)))
+    return status_of(exc) in (401, 403) or bool(_MISSING_KEY.search(str(exc)))
 
 
 def is_retryable(exc: BaseException) -> bool:
     """A transient failure: 408/409/429, a 5xx, a dropped connection, a timeout, an empty answer."""
-    if isinstance(exc, EmptyCompletion):
-        return True
+    import openai  # with LiteLLM: imported when a request fails, not with the package
+
     status = status_of(exc)
-    if status is not None and (status in _RETRY_STATUSES or status >= 500):
-        return True
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    try:
-        import openai
-    except ImportError:  # pragma: no cover - openai comes with litellm
-        return False
-    return isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError))
-
-
-_UNREACHABLE = re.compile(
-    r"connection refused|name or service not known|nodename nor servname|temporary failure in name resolution|"
-    r"no address associated|getaddrinfo failed|failed to resolve|network is unreachable|no route to host",
-    re.IGNORECASE,
-)
-_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH})
+    return (status in (408, 409, 429) or (status or 0) >= 500 or isinstance(exc, (
+        EmptyCompletion, ConnectionError, TimeoutError, openai.APIConnectionError, openai.APITimeoutError)))
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """A connection that could not be made (refused, a name that does not resolve, no route): not a timeout, not a
-    dropped connection, not an HTTP status. Read from the exception's chain (LiteLLM keeps httpx's ConnectError and
-    the OSError under it). Never retried: it opens the endpoint's circuit breaker at once."""
+    """A connection that could not be made (refused, a name that does not resolve, no route), read from the
+    exception's chain (LiteLLM keeps httpx's ConnectError and the OSError under it). Never retried: it opens the
+    endpoint's circuit breaker at once."""
     seen: BaseException | None = exc
     for _ in range(10):  # a bounded walk: a chain may loop
-        if seen is None:
-            return False
-        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)) or (isinstance(seen, OSError) and seen.errno in (
+                errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH)) or (
+                type(seen).__name__ == "ConnectError" and _UNREACHABLE.search(str(seen))):
             return True
-        if isinstance(seen, OSError) and seen.errno in _UNREACHABLE_ERRNOS:
-            return True
-        if type(seen).__name__ == "ConnectError" and _UNREACHABLE.search(str(seen)):
-            return True
-        seen = seen.__cause__ or seen.__context__
+        seen = seen and (seen.__cause__ or seen.__context__)
     return False
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 
 
 def _duration(value: str) -> float | None:
     """Seconds in a rate-limit reset header: "1.5", "20ms", "6m0s", "1h2m3.5s"."""
-    text = value.strip()
+    with_units = _DURATION.findall(value)
+    if "".join(number + unit for number, unit in with_units) == value.replace(" ", "") != "":
+        return sum(float(number) * _SCALE[unit] for number, unit in with_units)
     try:
-        return float(text)
+        return float(value)
     except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if not parts or "".join(number + unit for number, unit in parts) != text.replace(" ", ""):
         return None
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
+def _asked(exc: BaseException) -> float | None:
+    """Seconds the server asked to wait: retry-after-ms, Retry-After (seconds or a date), or on a 429 when the
+    exhausted x-ratelimit-reset-* limit resets (the sooner of the resets when none says it is exhausted)."""
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    headers = {str(name).lower(): str(value) for name, value in (headers or {}).items()}
+    if "retry-after-ms" in headers:
+        return float(headers["retry-after-ms"]) / 1000.0
+    if "retry-after" in headers:
+        value = headers["retry-after"]
+        seconds = _duration(value)
+        return seconds if seconds is not None else email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    return _ratelimit_reset(headers) if status_of(exc) == 429 else None
 
 
 def _ratelimit_reset(headers: dict[str, str]) -> float | None:
-    """When an exhausted limit resets (x-ratelimit-reset-requests / -tokens, whose x-ratelimit-remaining-* is 0);
-    the sooner of the resets when none says it is exhausted; None without such headers."""
-    resets = {name[len("x-ratelimit-reset-"):]: _duration(value) for name, value in headers.items()
-              if name.startswith("x-ratelimit-reset-")}
+    resets = {name[18:]: _duration(value) for name, value in headers.items() if name.startswith("x-ratelimit-reset-")}
     known = {what: seconds for what, seconds in resets.items() if seconds is not None}
-    if not known:
-        return None
     exhausted = [seconds for what, seconds in known.items() if headers.get(f"x-ratelimit-remaining-{what}") == "0"]
-    return max(exhausted) if exhausted else min(known.values())
+    return max(exhausted) if exhausted else min(known.values(), default=None)
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked to wait (Retry-After in seconds or as a date, retry-after-ms, or on a 429 the
-    x-ratelimit-reset-* headers), between 0 and MAX_RETRY_DELAY; None when it asked nothing readable. Never raises:
-    a garbled, huge, negative or far-future value is bounded or ignored."""
+    """What the server asked to wait (_asked), between 0 and MAX_RETRY_DELAY; None when it asked nothing readable.
+    Never raises: a garbled, huge, negative or far-future value is bounded or ignored."""
     try:
         asked = _asked(exc)
     except Exception:  # noqa: BLE001 - a header of any shape (a date in year 99999999999: OverflowError)
         return None
-    if asked is None or not math.isfinite(asked):
-        return None
-    return min(max(asked, 0.0), MAX_RETRY_DELAY)
-
-
-def _asked(exc: BaseException) -> float | None:
-    headers = _headers_of(exc)
-    if headers is None:
-        return None
-    millis = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
-    if millis is not None:
-        return float(millis) / 1000.0
-    value = headers.get("retry-after") or headers.get("Retry-After")
-    if value is None:
-        return _ratelimit_reset({str(k).lower(): str(v) for k, v in headers.items()}) if status_of(exc) == 429 else None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return email.utils.parsedate_to_datetime(str(value)).timestamp() - time.time()
+    return min(max(asked, 0.0), MAX_RETRY_DELAY) if asked is not None and math.isfinite(asked) else None
 
 
 def backoff(attempt: int, base_delay: float, server_asked: float | None) -> float:
     """The wait before retry `attempt`: what the server asked (already bounded), else jittered doubling."""
     if server_asked is not None:
         return server_asked
-    delay = min(base_delay * 2.0 ** (attempt - 1), MAX_RETRY_DELAY)
-    return float(delay * random.uniform(0.5, 1.0))
-
-
-def _headers_of(exc: BaseException) -> Any:
-    headers = getattr(exc, "litellm_response_headers", None)
-    if headers is None:
-        try:
-            headers = getattr(getattr(exc, "response", None), "headers", None)
-        except Exception:
-            headers = None
-    return headers
+    return float(min(base_delay * 2.0 ** (attempt - 1), MAX_RETRY_DELAY) * random.uniform(0.5, 1.0))

@@ -1,12 +1,9 @@
 """A spending cap: the measured dollars of one kind of model call (the judge's or the program's) against a limit.
 
-Checked before each model call and charged after it, under one lock: once the spend reaches the limit
-the next call is refused at once (SpendCapReached), so the overshoot is at most the calls already in
-flight when it was reached. The judge also reserves each request's largest cost before sending it
-(reserve / settle): while the spend plus the reservations of the requests in flight reach the limit, a request
-waits for them to settle, so the spend passes the limit by at most one request's reservation; a request whose
-cost cannot be known is refused rather than counted as free.
-Reaching it is logged once, as an error.
+Checked before each model call and charged after it, under one lock: once the spend reaches the limit the next
+call is refused (SpendCapReached), logged once as an error. The judge also reserves each request's largest cost
+before sending it (reserve, then charge), so the spend passes the limit by at most one request's reservation; a
+request whose cost cannot be known is refused rather than counted as free.
 """
 
 from __future__ import annotations
@@ -49,18 +46,14 @@ class SpendCap:
         self.whose = whose
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a reservation is given back
-        self._spent = 0.0
-        self._reserved = 0.0  # estimates of the requests in flight
-        self._refused = 0
-        self._unpriced = 0
-        self._logged_reached = False
-        self._logged_unpriced = False
+        self._spent = self._reserved = 0.0  # _reserved: estimates of the requests in flight
+        self._refused = self._unpriced = 0
+        self._logged_reached = self._logged_unpriced = False
 
     @property
     def reached(self) -> bool:
         """Whether the measured spend has reached the limit (no more calls are made)."""
-        with self._lock:
-            return self._spent >= self.limit_usd
+        return self._spent >= self.limit_usd
 
     def check(self) -> None:
         """Before a model call: raise SpendCapReached (and count the refusal) when the cap is reached."""
@@ -74,9 +67,9 @@ class SpendCap:
 
     def reserve(self, estimate_usd: float | None, unpriced: str = "no price known",
                 cancelled: threading.Event | None = None) -> float:
-        """Before a request: reserve its largest cost, waiting while the requests in flight hold what is left of the
-        limit (until `cancelled` is set: limits.Cancelled); SpendCapReached once the spend reaches the limit, or
-        when its cost cannot be known (`unpriced` says why). Returns the reservation, to give back to settle()."""
+        """Before a request: reserve its largest cost (given back by charge()), waiting while the requests in flight
+        hold what is left of the limit (until `cancelled` is set: limits.Cancelled); SpendCapReached once the spend
+        reaches the limit, or when its cost cannot be known (`unpriced` says why)."""
         with self._settled:
             while self._spent < self.limit_usd and estimate_usd is not None:
                 if self._spent + self._reserved < self.limit_usd:
@@ -89,17 +82,11 @@ class SpendCap:
             spent = self._spent
             self._refused += 1
         if estimate_usd is None and spent < self.limit_usd:
-            raise SpendCapReached(
-                f"{self.whose}'s request was not sent: its cost cannot be known ({unpriced}), and {self.option}="
-                f"{self.limit_usd:g} caps the spend, so it cannot be counted as free; register the model's price "
-                "with litellm.register_model(...), or drop the cap"
-            )
+            raise SpendCapReached(f"{self.whose}'s request was not sent: its cost cannot be known ({unpriced}), and "
+                                  f"{self.option}={self.limit_usd:g} caps the spend, so it cannot be counted as free; "
+                                  "register the model's price with litellm.register_model(...), or drop the cap")
         self._log_reached(spent)
         raise SpendCapReached(self._message(spent))
-
-    def settle(self, reserved_usd: float, cost_usd: float | None, unpriced: str | None = None) -> None:
-        """After a request: give back its reservation and charge its measured cost (see charge)."""
-        self.charge(cost_usd, unpriced, reserved_usd)
 
     def charge(self, cost_usd: float | None, unpriced: str | None = None, reserved_usd: float = 0.0) -> None:
         """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once),
@@ -107,19 +94,17 @@ class SpendCap:
         with self._settled:
             self._reserved = max(0.0, self._reserved - reserved_usd)
             self._settled.notify_all()
-            if cost_usd is None:
-                self._unpriced += 1
-                warn, self._logged_unpriced = not self._logged_unpriced, True
-            else:
-                self._spent += max(0.0, float(cost_usd))
-                warn = False
+            unknown = cost_usd is None
+            warn = unknown and not self._logged_unpriced
+            self._unpriced += unknown
+            self._logged_unpriced |= unknown
+            self._spent += max(0.0, float(cost_usd or 0.0))
             spent, reached = self._spent, self._spent >= self.limit_usd
         if warn:
-            logger.warning(
-                "skynet-dspy %s: a model call's cost is unknown (%s), so the cap of $%g cannot count it (later such "
-                "calls are not logged); register the model's price with litellm.register_model(...) to cap it",
-                self.option, unpriced or "no price known", self.limit_usd,
-            )
+            logger.warning("skynet-dspy %s: a model call's cost is unknown (%s), so the cap of $%g cannot count it "
+                           "(later such calls are not logged); register the model's price with "
+                           "litellm.register_model(...) to cap it", self.option, unpriced or "no price known",
+                           self.limit_usd)
         if reached:
             self._log_reached(spent)
 
@@ -136,11 +121,5 @@ class SpendCap:
         logger.error("skynet-dspy: %s; calls already sent finish, and the optimizer stops.", self._message(spent))
 
     def _message(self, spent: float) -> str:
-        return (
-            f"{self.whose}'s measured model spend ${spent:.6f} reached {self.option}={self.limit_usd:g}, so no more of "
-            f"{self.whose}'s model calls are made"
-        )
-
-    def __repr__(self) -> str:
-        figures = self.snapshot()
-        return f"<SpendCap {self.option}={self.limit_usd:g} spent={figures.spent_usd:.6f} refused={figures.refused}>"
+        return (f"{self.whose}'s measured model spend ${spent:.6f} reached {self.option}={self.limit_usd:g}, so no "
+                f"more of {self.whose}'s model calls are made")

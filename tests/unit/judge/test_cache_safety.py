@@ -3,19 +3,22 @@ and no credential setting reaches a cache file, a Redis entry, a repr or a log."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import stat
-import threading
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import diskcache
 import pytest
+from support import write_metric
 
+import skynet_dspy
 from skynet_dspy._judge import Judge
-from skynet_dspy._judge.cache import DiskStore
-from skynet_dspy._judge.entries import request_key
-from skynet_dspy._judge.redis_store import KEY_PREFIX
+from skynet_dspy._judge.cache import KEY_PREFIX, DiskStore, request_key
 
 KEY = "safety-test-key-1234567"
 AWS_SECRET = "aws-secret-canary-5f3e9d1c7b"
@@ -69,7 +72,7 @@ def test_a_planted_pickle_runs_nothing_and_is_a_miss_with_one_warning(server, tm
 def test_a_damaged_or_forged_entry_is_a_miss(server, tmp_path, caplog, damage):
     folder = tmp_path / "cache"
     judge = judge_for(server, folder)
-    judge.cache.store._cache.set(the_key(judge, "one"), damage)
+    judge.cache._cache.set(the_key(judge, "one"), damage)
     with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
         assert judge.complete("Grade.", "one") == "ok"
     assert len(server.requests) == 1
@@ -119,7 +122,7 @@ def test_credential_settings_reach_no_cache_file_repr_or_log(server, tmp_path, c
             judge.complete("Grade.", "two")
         except Exception as exc:  # the error text is logged and shown: it is redacted too
             logging.getLogger("skynet_dspy").error("failed: %s", exc)
-    judge.cache.store.close()
+    judge.cache.close()
     for path in folder.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
@@ -157,40 +160,80 @@ def test_redis_entries_are_checked_and_hold_no_credential(server, redis_url, red
     assert other.complete("Grade.", "planted") == "ok" and len(server.requests) == 3
 
 
+JUDGE_METRIC = """
+from skynet import llm
+
+def score(input, output, expected=None):
+    verdict = llm("Grade.", input=str(output))
+    return (1.0 if verdict.startswith("PASS") else 0.0, {"feedback": verdict})
+"""
+
+
 def test_swapping_the_folder_after_it_was_checked_has_no_effect(server, tmp_path):
-    """Whoever owns the folder's parent renames it away and puts a folder holding a forged answer in its place:
-    the judge keeps using the folder it checked (held by descriptor), so the forged answer is never read."""
-    folder = tmp_path / "cache"
-    judge = judge_for(server, folder)
-    assert judge.complete("Grade.", "first") == "ok"  # the store is open and used
-    forger_folder = tmp_path / "forged"
-    forger = judge_for(server, forger_folder)
-    forger.cache.store.put(the_key(judge, "second"), "PASS: forged", {"model": "openai/gpt-4o-mini"})
-    forger.cache.store.close()
-    folder.rename(tmp_path / "moved-away")
-    forger_folder.rename(folder)
-    answers: list[str] = []
-    asking = threading.Thread(target=lambda: answers.append(judge.complete("Grade.", "second")))  # a new connection
-    asking.start()
-    asking.join(60)
-    assert answers == ["ok"] and len(server.requests) == 2  # the judge was asked; the forged entry was not read
+    """Whoever owns the folder's parent renames it away and puts a folder holding forged answers in its place: the
+    metric's judge keeps using the folder it checked, so no forged answer is read, even by threads that open their
+    first connection after the swap (public API throughout)."""
+    path, folder, forged = write_metric(tmp_path, JUDGE_METRIC), tmp_path / "cache", tmp_path / "forged"
+    model = {"model": "openai/gpt-4o-mini", "api_base": server.url, "api_key": KEY}
+    outputs = [f"second {n}" for n in range(4)]
+    with skynet_dspy.load_metric(path, metric_lm=model, judge_cache=folder, workers=4) as metric:
+        assert metric.score({"q": 1}, "first").ok  # the store is open and used
+        server.responder = lambda request: "PASS: forged"  # the forger's store holds passing verdicts
+        with skynet_dspy.load_metric(path, metric_lm=model, judge_cache=forged) as forger:
+            assert [forger.score({"q": 2}, output).score for output in outputs] == [1.0] * 4
+        folder.rename(tmp_path / "moved-away")
+        forged.rename(folder)
+        server.responder = lambda request: "FAIL: wrong"
+        asked = len(server.requests)
+        with ThreadPoolExecutor(4) as pool:  # at once: llm() answers them on new threads, with new connections
+            results = list(pool.map(lambda output: metric.score({"q": 2}, output), outputs))
+        assert [(result.score, result.feedback) for result in results] == [(0.0, "FAIL: wrong")] * 4
+        assert len(server.requests) == asked + 4  # the judge was asked; no forged entry was read
 
 
-def test_a_planted_pickle_in_the_call_figures_store_runs_nothing(tmp_path, caplog):
-    """The cost/latency store kept beside DSPy's cache holds JSON only: a planted pickle is a miss with a warning."""
-    from skynet_dspy._dspy.replay import FOLDER, CallFigures, Replay
+FIGURES_RUN = """
+import json, logging, sys
+import dspy, skynet_dspy
+folder, url, metric_path = sys.argv[1:4]
+dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=False, disk_cache_dir=folder)
+warnings = []
+handler = logging.Handler(logging.WARNING)
+handler.emit = lambda record: warnings.append(record.getMessage())
+logging.getLogger("skynet_dspy").addHandler(handler)
+lm = dspy.LM("openai/gpt-4o-mini", api_base=url, api_key="figures-test-key", cache=True)
+devset = [dspy.Example(text=text, label="ham").with_inputs("text") for text in ("lunch at noon?", "meeting moved")]
+with dspy.context(lm=lm), skynet_dspy.load_metric(metric_path) as metric:
+    result = dspy.Evaluate(devset=devset, metric=metric, num_threads=1)(dspy.Predict("text -> label"))
+print(json.dumps({"scores": [float(score) for _, _, score in result.results], "warnings": warnings}))
+"""
 
-    replay = Replay()
-    replay.remember("k-good", CallFigures(1, 10, 5, 0.001, None, 12.0), str(tmp_path))
-    proof = tmp_path / "code-ran"
-    planted = diskcache.Cache(str(tmp_path / FOLDER))  # diskcache's default Disk pickles any object
-    planted.set("k-planted", Boom(str(proof)))
-    planted.close()
-    fresh = Replay()  # another process: nothing in memory
-    with caplog.at_level(logging.WARNING, logger="skynet_dspy"):
-        assert fresh.recall("k-planted", str(tmp_path)) is None
-        assert fresh.recall("k-planted", str(tmp_path)) is None
-        assert fresh.recall("k-good", str(tmp_path)) == CallFigures(1, 10, 5, 0.001, None, 12.0)
-    assert not proof.exists()
-    assert len([r for r in caplog.records if "never decoded" in r.getMessage()]) == 1
-    assert stat.S_IMODE((tmp_path / FOLDER).stat().st_mode) == 0o700  # private to the user
+
+def test_a_planted_pickle_in_the_call_figures_store_runs_nothing(server, tmp_path, metrics_dir):
+    """The cost/latency store kept beside DSPy's disk cache holds JSON only: in a later process, whose DSPy calls are
+    cache hits measured from that store, a planted pickle is a miss with a warning, never code."""
+    from skynet_dspy.devserver import dspy_reply
+
+    server.responder = lambda request: dspy_reply(label="ham")
+    dspy_cache, proof = tmp_path / "dspy-cache", tmp_path / "code-ran"
+
+    def run() -> dict:
+        done = subprocess.run([sys.executable, "-c", FIGURES_RUN, str(dspy_cache), server.url,
+                               str(metrics_dir / "reward_metric.py")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()  # measured, and the figures kept beside DSPy's cache
+    figures = dspy_cache / "skynet_dspy_call_figures"
+    assert stat.S_IMODE(figures.stat().st_mode) == 0o700  # private to the user
+    with diskcache.Cache(str(figures)) as planted:  # the attacker: diskcache's default Disk pickles any object
+        keys = list(planted.iterkeys())
+        assert len(keys) == 2
+        for key in keys:
+            planted.set(key, Boom(str(proof)))
+    asked = len(server.requests)
+    again = run()
+    assert not proof.exists()  # nothing was unpickled
+    assert len(server.requests) == asked  # DSPy's cache answered: the figures store was read
+    assert [w for w in first["warnings"] if "never decoded" in w] == []
+    assert len([w for w in again["warnings"] if "never decoded" in w]) == 1, again["warnings"]
+    assert len(again["scores"]) == 2

@@ -22,8 +22,7 @@ import pytest
 
 import skynet_dspy
 from skynet_dspy._judge import Judge
-from skynet_dspy._judge.cache import DiskStore
-from skynet_dspy._judge.redis_store import KEY_PREFIX
+from skynet_dspy._judge.cache import KEY_PREFIX, DiskStore
 from skynet_dspy.devserver import DevServer
 
 KEY = "store-test-key-98765"
@@ -232,7 +231,7 @@ def test_the_disk_cache_is_bounded_by_judge_cache_size(server, tmp_path):
     judge = judge_for(server, folder, cache_size=200_000)
     for number in range(40):
         judge.complete("Repeat.", f"answer {number}")
-    judge.cache.store.close()
+    judge.cache.close()
     with diskcache.Cache(str(folder)) as store:
         assert store.volume() < 400_000  # 40 answers of 20 kB would be 800 kB: the oldest were evicted
         assert len(store) < 40

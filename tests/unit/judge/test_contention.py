@@ -14,7 +14,6 @@ import pytest
 from support import write_metric
 
 import skynet_dspy
-from skynet_dspy._core.context import LLM_POOL_SIZE, llm_pool
 from skynet_dspy.devserver import DevServer, Fault
 from skynet_dspy.errors import LLMCallError
 
@@ -28,13 +27,14 @@ def score(input, output, expected=None):
     return (1.0 if verdict.startswith("PASS") else 0.0, {"feedback": verdict})
 """
 
-# every call asks the judge 16 times at once (the most one call may have in flight)
+# every call asks the judge 16 times at once (the most one call may have in flight), leaving a file as each asks
 FLOOD_METRIC = """
-import contextvars, threading
+import contextvars, pathlib, threading
 from skynet import llm
 
 def score(input, output, expected=None):
     def ask(n):
+        (pathlib.Path(input["asked"]) / f"{output} {n}").touch()
         llm("Grade.", input=f"{output} part {n}")
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(ask, n)) for n in range(16)]
     for thread in threads:
@@ -50,20 +50,27 @@ def model(server) -> dict:
 
 
 def test_one_metrics_rate_limit_does_not_starve_another_metric(tmp_path):
+    """Metric A (judge_rpm=1) has 48 requests waiting for their turn, more than the 32 threads answering llm() in a
+    process; metric B's call in the same process is still answered (v0.3: it found every thread taken, timed out)."""
     flood, judged = write_metric(tmp_path, FLOOD_METRIC, "flood.py"), write_metric(tmp_path, JUDGE_METRIC)
+    asked = tmp_path / "asked"
+    asked.mkdir()
     with DevServer(lambda request: "PASS", model_name="gpt-4o-mini") as server, \
             skynet_dspy.load_metric(flood, metric_lm=model(server), judge_rpm=1, judge_cache=False, workers=3,
                                     timeout=300) as throttled, \
             skynet_dspy.load_metric(judged, metric_lm=model(server), judge_cache=False, timeout=60) as other:
-        callers = [threading.Thread(target=throttled.score, args=({"q": n}, f"flood {n}")) for n in range(3)]
+        callers = [threading.Thread(target=throttled.score, args=({"asked": str(asked)}, f"flood {n}"))
+                   for n in range(3)]
         for caller in callers:
             caller.start()
         deadline = time.monotonic() + 120
-        while llm_pool._waiting < LLM_POOL_SIZE + 4 and time.monotonic() < deadline:  # more waiting than the pool
+        while len(list(asked.iterdir())) < 48 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert llm_pool._waiting >= LLM_POOL_SIZE + 4, "the throttled metric's requests did not all wait"
-        result = other.score({"q": 1}, "an answer")  # before: it found every pool thread taken, and timed out
+        time.sleep(1.0)  # set-up, not a bound: the last of them reach their wait for a turn
+        assert len(list(asked.iterdir())) == 48 and len(server.requests) <= 1  # at least 47 wait their turn
+        result = other.score({"q": 1}, "an answer")
         assert result.ok and result.feedback == "PASS", result.detail
+        assert any(request.user == "an answer" for request in server.requests)
         throttled.close()  # its requests waiting for their turn stop
         for caller in callers:
             caller.join(60)

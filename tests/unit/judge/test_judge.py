@@ -366,8 +366,8 @@ def test_the_disk_cache_survives_a_new_models(server, tmp_path):
     assert (again.usage.requests, again.usage.cache_hits) == (0, 1)
     assert again.complete("Judge.", "y") == "verdict #2"
 
-    first.cache.store.close()
-    again.cache.store.close()
+    first.cache.close()
+    again.cache.close()
     files = [path for path in (tmp_path / "judge-cache").rglob("*") if path.is_file()]
     assert any(b"verdict #1" in path.read_bytes() for path in files)  # the answers are in these files
     for path in files:  # the store's database, its journal and any value files: no key anywhere

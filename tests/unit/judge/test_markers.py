@@ -14,7 +14,7 @@ import time
 import pytest
 
 from skynet_dspy._judge import Judge
-from skynet_dspy._judge.entries import request_key
+from skynet_dspy._judge.cache import request_key
 
 KEY = "marker-test-key-11223"
 
@@ -23,11 +23,11 @@ PEER = textwrap.dedent("""
     from skynet_dspy._judge.cache import make_cache
     spec, key, hold, answer = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     cache = make_cache(spec)
-    assert cache.store.lead_or_wait(key, 1.0) is None  # it leads: it holds the in-flight marker
+    assert cache.lead_or_wait(key, 1.0) is None  # it leads: it holds the in-flight marker
     print("held", flush=True)
     time.sleep(hold)
     cache.put(key, answer, {"model": "m", "messages": []})
-    cache.store.release(key)
+    cache.release(key)
     print("answered", flush=True)
 """)
 
@@ -78,8 +78,7 @@ def test_a_live_peers_marker_is_waited_for(server, spec):
 
 
 def test_a_marker_names_its_owner(tmp_path):
-    from skynet_dspy._judge.cache import DiskStore
-    from skynet_dspy._judge.entries import IN_FLIGHT_PREFIX
+    from skynet_dspy._judge.cache import IN_FLIGHT_PREFIX, DiskStore
 
     store = DiskStore(tmp_path / "cache")
     assert store.lead_or_wait("k", 1.0) is None

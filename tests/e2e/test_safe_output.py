@@ -66,7 +66,7 @@ skynet_dspy.results_style(frame)
     assert len(outputs) == 2, notebook.cells[0].outputs  # the plain frame, and results_style(frame)
     for output in outputs:
         html = output["data"]["text/html"]
-        assert _live_tags(html) == set(), _live_tags(html)
+        assert _live_tags(html) <= {"div"}, _live_tags(html)  # pandas wraps its own table in a div
         for shown in ("&lt;img src=x onerror=alert(1)&gt;", "&lt;svg onload=alert(3)&gt;", "&lt;th&gt;field",
                       "&lt;iframe src=javascript:alert(4)&gt;", "&lt;b onmouseover=alert(5)&gt;", "\\ud83d"):
             assert shown in html, shown

@@ -7,7 +7,7 @@ RunRecord skynet-dspy kept of the run; every text is made safe for each medium (
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,15 +175,11 @@ class OptimizationReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report in plain values (JSON-ready: every string valid UTF-8)."""
-        plain: dict[str, Any] = safe_text.json_safe({
+        plain: dict[str, Any] = safe_text.json_safe({  # tuples become lists
             "source": self.source,
             "best": self.best,
             "total_metric_calls": self.total_metric_calls,
-            "candidates": [
-                {"index": c.index, "score": c.score, "metric_calls": c.metric_calls, "parents": list(c.parents),
-                 "scores": dict(c.scores), "texts": dict(c.texts)}
-                for c in self.candidates
-            ],
+            "candidates": [asdict(candidate) for candidate in self.candidates],
             "named_scores": {name: {"seed": seed, "best": best} for name, (seed, best) in self.named_scores.items()},
             "diff": self.diff(),
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,

@@ -62,7 +62,15 @@ if TYPE_CHECKING:
     from ._dspy.score import Score
     from ._gepa import Evaluator, make_evaluator, optimize_anything, split_row
     from ._judge import Endpoint, Judge, configure_llm
-    from ._results import CostReceipt, OptimizationReport, log_to_mlflow, report, results_frame
+    from ._results import (
+        CostReceipt,
+        OptimizationReport,
+        log_to_mlflow,
+        report,
+        results_csv,
+        results_frame,
+        results_style,
+    )
 
 # Public names whose modules pull in DSPy, GEPA or LiteLLM: imported on first use.
 _LAZY = {
@@ -86,6 +94,8 @@ _LAZY = {
     "log_to_mlflow": "._results",
     "report": "._results",
     "results_frame": "._results",
+    "results_style": "._results",
+    "results_csv": "._results",
 }
 
 
@@ -163,7 +173,9 @@ __all__ = [
     "make_evaluator",
     "optimize_anything",
     "report",
+    "results_csv",
     "results_frame",
+    "results_style",
     "skynet",
     "split_row",
     "validate_return",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._core import secrets
-from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT, check_timeout
+from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT
 from ._core.options import MetricOptions
 from ._core.safe_text import for_terminal
 
@@ -30,13 +31,19 @@ class UsageError(Exception):
     """Bad arguments or an unreadable file: reported in one line, exit code 2."""
 
 
-def _timeout(text: str) -> float:
-    try:
-        return check_timeout(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds in (0, {MAX_TIMEOUT:g}]; the default is {DEFAULT_TIMEOUT:g}"
-        ) from None
+def _typed(kind: Callable[[str], Any], valid: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)` for which `valid` holds, else an error saying the text is not `what`."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan  # fails every comparison, so `valid` refuses it
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
 
 
 def _names(text: str) -> list[str]:
@@ -46,27 +53,21 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _at_least_one(unit: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of `unit`, 1 or more."""
-
-    def parse(text: str) -> int:
-        try:
-            number = int(text)
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}, 1 or more")
-        return number
-
-    return parse
+def _at_least_one(unit: str) -> Callable[[str], Any]:
+    return _typed(int, lambda n: n >= 1, f"a number of {unit}, 1 or more")
 
 
-_count = _at_least_one("cases")
-_requests = _at_least_one("requests")
+_timeout = _typed(float, lambda x: 0 < x <= MAX_TIMEOUT,
+                  f"a number of seconds in (0, {MAX_TIMEOUT:g}]; the default is {DEFAULT_TIMEOUT:g}")
+_threads = _typed(int, lambda n: 1 <= n <= 256, "a number of threads from 1 to 256")
+_spread = _typed(float, lambda x: 0 <= x < math.inf, "a spread of scores, 0 or more (e.g. 0.1)")
+_agreement = _typed(float, lambda x: -1 <= x <= 1, "an agreement from -1 to 1 (e.g. 0.6)")
+_dollars = _typed(float, lambda x: 0 < x < math.inf, "an amount of US dollars above 0 (e.g. 0.50)")
 
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
+    from ._check import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
 
     parser = argparse.ArgumentParser(prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA.")
     parser.add_argument("--version", action="version", version=f"skynet-dspy {__version__}")
@@ -79,39 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_metric_arguments(check, "CASES.jsonl")
     how_many = check.add_mutually_exclusive_group()
-    how_many.add_argument("--cases", type=_count, default=None, metavar="N",
+    how_many.add_argument("--cases", type=_at_least_one("cases"), default=None, metavar="N",
                           help="check the first N cases (default 3; every case with --human)")
     how_many.add_argument("--all", action="store_true", help="check every case")
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
-    _trust_arguments(check)
-    _score_parser(commands)
-    return parser
-
-
-def _number(what: str, valid: Callable[[float], bool]) -> Callable[[str], float]:
-    """An argparse type: a number for which `valid` holds, else an error saying the text is not `what`."""
-
-    def parse(text: str) -> float:
-        try:
-            number = float(text)
-        except ValueError:
-            number = float("nan")  # fails every comparison, so `valid` refuses it
-        if not valid(number):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return number
-
-    return parse
-
-
-_spread = _number("a spread of scores, 0 or more (e.g. 0.1)", lambda x: 0 <= x < float("inf"))
-_agreement = _number("an agreement from -1 to 1 (e.g. 0.6)", lambda x: -1 <= x <= 1)
-_dollars = _number("an amount of US dollars above 0 (e.g. 0.50)", lambda x: 0 < x < float("inf"))
-
-
-def _trust_arguments(check: argparse.ArgumentParser) -> None:
-    """check's flags on whether the metric can be trusted: --repeat (stability), --human (agreement); docs/cli.md."""
-    from ._check import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
-
+    # whether the metric can be trusted: --repeat (stability), --human (agreement); docs/cli.md
     check.add_argument(
         "--repeat", type=_at_least_one("runs"), default=1, metavar="N",
         help="score each case N times, asking the judge again each time (its cache left out; the cost is shown "
@@ -130,20 +103,6 @@ def _trust_arguments(check: argparse.ArgumentParser) -> None:
                        f"{DEFAULT_MIN_AGREEMENT:g})")
     check.add_argument("--max-judge-cost-usd", type=_dollars, default=None, metavar="USD",
                        help="stop sending llm() requests once the judge has cost this much (a cap the repeats keep)")
-
-
-def _threads(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if not 1 <= number <= 256:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of threads from 1 to 256")
-    return number
-
-
-def _score_parser(commands: Any) -> None:
-    """`skynet-dspy score`: every case of a JSONL file scored, one row each, from a pool of threads."""
     score = commands.add_parser(
         "score",
         help="score every case of a JSONL file with a metric.py",
@@ -158,6 +117,7 @@ def _score_parser(commands: Any) -> None:
     )
     score.add_argument("--threads", type=_threads, default=4, metavar="N",
                        help="calls of score made at a time (default 4; each thread gets a worker process)")
+    return parser
 
 
 def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
@@ -188,9 +148,9 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
     )
     command.add_argument("--api-base", default=None, metavar="URL",
                          help="an OpenAI-compatible base URL for --metric-lm")
-    command.add_argument("--judge-max-concurrency", type=_requests, default=None, metavar="N",
+    command.add_argument("--judge-max-concurrency", type=_at_least_one("requests"), default=None, metavar="N",
                          help="at most N llm() requests in flight at once (default: no limit)")
-    command.add_argument("--judge-rpm", type=_requests, default=None, metavar="R",
+    command.add_argument("--judge-rpm", type=_at_least_one("requests"), default=None, metavar="R",
                          help="at most R llm() requests started a minute, spread evenly (default: no limit)")
     command.add_argument(
         "--isolation", choices=("process", "thread", "ray"), default="process",
@@ -201,15 +161,18 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from ._check import check_contract, read_jsonl
+    from ._results.progress import Progress
 
     options = _metric_options(args)
     rows = read_jsonl(args.data, args.inputs)
-    progress = _progress("skynet-dspy check", "calls") if not args.json else None
+    # --cases N, --all, or the default: 3 cases, or every case when --human labels them
+    max_cases = None if args.all or (args.cases is None and args.human is not None) else args.cases or 3
+    progress = Progress("skynet-dspy check", unit="calls") if not args.json else None
     try:
         # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show
         with contextlib.redirect_stdout(sys.stderr), _warnings_shown(progress):
             report = check_contract(
-                args.metric, rows, max_cases=_max_cases(args), inputs=args.inputs, progress=progress,
+                args.metric, rows, max_cases=max_cases, inputs=args.inputs, progress=progress,
                 repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
                 **options,
             )
@@ -223,8 +186,7 @@ def _check(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _warnings_shown(progress: Any) -> Any:
-    """The package's warnings on stderr while the check runs, each on a line of its own (below the progress bar,
-    when one is drawn), whatever logging the process set up."""
+    """The package's warnings on stderr while the check runs, each on a line of its own below the progress bar."""
     import logging
 
     from ._core.logs import logger
@@ -242,15 +204,6 @@ def _warnings_shown(progress: Any) -> Any:
         logger.removeHandler(handler)
 
 
-def _max_cases(args: argparse.Namespace) -> int | None:
-    """--cases N, --all, or the default: 3 cases, or every case when --human labels them."""
-    if args.all:
-        return None
-    if args.cases is not None:
-        return int(args.cases)
-    return None if args.human is not None else 3
-
-
 def _metric_options(args: argparse.Namespace) -> MetricOptions:
     """load_metric options from the arguments check and score share; a UsageError for a bad metric path."""
     if args.metric.is_dir():
@@ -261,10 +214,7 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
     options: MetricOptions = {"timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation}
     if args.metric_lm:
-        model: Any = args.metric_lm
-        if args.api_base:
-            model = {"model": args.metric_lm, "api_base": args.api_base}
-        options["metric_lm"] = model
+        options["metric_lm"] = {"model": args.metric_lm, "api_base": args.api_base} if args.api_base else args.metric_lm
     if args.judge_max_concurrency is not None:
         options["judge_max_concurrency"] = args.judge_max_concurrency
     if args.judge_rpm is not None:
@@ -274,14 +224,6 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
     return options
 
 
-def _progress(label: str, unit: str) -> Any:
-    """A progress bar on stderr for runs that take a while (a judge, a slow metric): shown on a terminal only,
-    after a second, with the elapsed time moving even while one slow call runs."""
-    from ._results.progress import Progress
-
-    return Progress(label, unit=unit)
-
-
 def _score(args: argparse.Namespace) -> int:
     """Score every case; write the rows; exit 0 when every call worked, 1 when some failed."""
     import time
@@ -289,6 +231,7 @@ def _score(args: argparse.Namespace) -> int:
     from ._check import parse_case, read_jsonl
     from ._dspy.metric import load_metric
     from ._results import scoring
+    from ._results.progress import Progress
     from .errors import MetricLoadError, RewardSpecError, WorkerError
 
     options = _metric_options(args)
@@ -300,12 +243,12 @@ def _score(args: argparse.Namespace) -> int:
         print(for_terminal(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}")),
               file=sys.stderr)
         return EXIT_BROKEN
-    progress = _progress("skynet-dspy score", "cases")
+    progress = Progress("skynet-dspy score", unit="cases")
     progress.update(0, len(cases))
     rows: Any = None
     started = time.perf_counter()
     try:
-        rows = _row_sink(args.out, kind)
+        rows = scoring.RowFile(args.out, kind)
         with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the rows
             scored = scoring.score_cases(
                 metric, cases, threads=args.threads, progress=progress.advance, on_scored=rows.add
@@ -314,8 +257,10 @@ def _score(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
-        print(for_terminal(_interrupted(rows.count if rows is not None else 0, len(cases), args.out)),
-              file=sys.stderr)
+        kept = rows.count if rows is not None else 0
+        where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
+        print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
+                           f"interrupt{where if kept else ''}"), file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # standard output's reader went away: main() says so
@@ -344,43 +289,6 @@ def _out_kind(out: Path | None) -> str | None:
     if out.is_dir() or not out.parent.is_dir():
         raise UsageError(f"--out {out}: no such folder to write the file in")
     return kind
-
-
-def _interrupted(kept: int, total: int, out: Path | None) -> str:
-    """What score says when interrupted: how many cases were scored, and where their rows are."""
-    where = f"; they are in {out}" if out is not None else " (written to standard output)"
-    return (f"skynet-dspy score: interrupted: {kept} of {total} case(s) scored before the "
-            f"interrupt{where if kept else ''}")
-
-
-class _StdoutRows:
-    """Rows on standard output as JSONL, each line flushed as its call finishes (in the order calls finish)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream  # the real standard output, taken before the metric's prints are sent to stderr
-        self.count = 0
-
-    def add(self, item: Any) -> None:
-        from ._results import scoring
-
-        scoring.write_jsonl(self.stream, [item])
-        self.stream.flush()
-        self.count += 1
-
-    def finish(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _row_sink(out: Path | None, kind: str | None) -> Any:
-    """Where the rows go as they are scored: the --out file (CSV or JSONL), or standard output."""
-    from ._results import scoring
-
-    if out is None:
-        return _StdoutRows(sys.stdout)
-    return scoring.RowFile(out, kind or "jsonl")
 
 
 def main(argv: list[str] | None = None) -> int:

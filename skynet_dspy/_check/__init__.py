@@ -1,6 +1,7 @@
 """The contract check: run a metric on a few cases and say, item by item, what is wrong (docs/contract.md#names).
 
-cases.py reads the cases, items.py judges each item from the calls made, report.py writes the report.
+cases.py reads the cases, items.py judges each item from the calls made, report.py writes the report;
+stability.py (repeat=) and agreement.py (human=) add the items on whether the metric can be trusted.
 Problems with the metric are reported, never raised; only bad arguments raise.
 """
 
@@ -16,14 +17,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from .._core.options import MetricOptions, check_names
 from .._core.specs import MetricSource
-from .._core.types import Item, Result, Status
+from .._core.types import Item, JudgeUsage, Result, Status
 from .._core.values import shorten, whole_number
 from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
+from . import agreement, stability
+from .agreement import DEFAULT_MIN_AGREEMENT, HumanScores
 from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
 from .items import STOPPING, all_items
-from .report import Call as Call
-from .report import CaseRun, CheckItem, ContractReport, Role
-from .trust import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT, HumanScores, Trust
+from .report import Call, CaseRun, CheckItem, ContractReport, Role
+from .stability import DEFAULT_MAX_SPREAD
 
 if TYPE_CHECKING:
     from .._dspy.metric import Metric
@@ -95,40 +97,63 @@ def check_contract(
     check_names("check_contract()", options, MetricOptions)
     if max_cases is not None:
         whole_number("max_cases", max_cases, minimum=1, unit="cases")
-    trust = Trust(repeat, max_spread, human, min_agreement)
+    runs, max_spread = stability.check_repeat(repeat, max_spread)
+    min_agreement = agreement.check_min_agreement(min_agreement)
+    labels = None if human is None else agreement.human_labels(human)
     checked = cases(examples, max_cases, inputs)
-    trust.check_cases(examples, checked)
+    if labels is not None:
+        agreement.check_labels(labels, examples, checked)
     report = ContractReport(source.info.label if isinstance(source, Metric) else _source_name(source))
     if isinstance(examples, Sized):  # a generator is never read past the cases checked
         report.not_run = max(0, len(examples) - len(checked))
+    asked = [item for item, wanted in ((Item.STABLE, runs > 1), (Item.AGREES, labels is not None)) if wanted]
     try:
         metric = source if isinstance(source, Metric) else load_metric(source, **_unmeasured(options))
     except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
-        _add_load_failure(report, exc, trust.items)
+        _add_load_failure(report, exc, asked)
         return report
     try:
-        info = metric.info
-        report.items.append(CheckItem(Item.LOADS, Status.PASSED, f"loaded {report.metric}"))
-        arity = ("async " if info.is_async else "") + (
-            "score(input, output, expected)" if info.takes_expected else "score(input, output)")
-        hint = f". {info.hint}" if info.hint else ""
-        status = Status.WARNING if hint else Status.PASSED
-        report.items.append(CheckItem(Item.SIGNATURE, status, f"called as {arity}{hint}"))
-        if info.reward_spec is not None:
-            report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
         before = metric.judge_usage
-        with _adapter_warnings_silenced():
-            _run_calls(metric, checked, report, progress)
-        report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
-        report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields,
-                                      metric.failure_score))
-        if not report.calls:
-            _nothing_to_score(report, checked, metric.output_fields)
-        trust.add_items(metric, report, before, progress, _adapter_warnings_silenced)
+        _check_calls(metric, report, checked, progress)
+        if runs > 1:
+            _repeat(metric, report, runs, max_spread, before, progress)
+        if labels is not None:
+            report.agreement = agreement.agreement(report.cases, labels, min_agreement)
+            report.items.append(agreement.agreement_item(report.agreement))
     finally:
         if not given_metric:
             metric.close()
     return report
+
+
+def _check_calls(metric: Metric, report: ContractReport, checked: list[Case], progress: Progress | None) -> None:
+    """The items of a loaded metric: its signature, then those the calls on the cases show."""
+    info = metric.info
+    report.items.append(CheckItem(Item.LOADS, Status.PASSED, f"loaded {report.metric}"))
+    arity = ("async " if info.is_async else "") + (
+        "score(input, output, expected)" if info.takes_expected else "score(input, output)")
+    hint = f". {info.hint}" if info.hint else ""
+    report.items.append(CheckItem(Item.SIGNATURE, Status.WARNING if hint else Status.PASSED,
+                                  f"called as {arity}{hint}"))
+    if info.reward_spec is not None:
+        report.items.append(CheckItem(Item.REWARD_SPEC, Status.PASSED, "REWARD_SPEC is valid"))
+    with _adapter_warnings_silenced():
+        _run_calls(metric, checked, report, progress)
+    report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
+    report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields, metric.failure_score))
+    if not report.calls:
+        _nothing_to_score(report, checked, metric.output_fields)
+
+
+def _repeat(metric: Metric, report: ContractReport, runs: int, max_spread: float, before: JudgeUsage,
+            progress: Progress | None) -> None:
+    """The repeats of each case's own output, unless the contract is broken; adds "Scores are stable"."""
+    broken = [item.name for item in report.items if item.status is Status.FAILED]
+    if not broken and report.cases:
+        report.stability = stability.announce(metric, report, runs, max_spread, before)
+        with _adapter_warnings_silenced():
+            stability.repeat_cases(metric, report, report.stability, progress)
+    report.items.append(stability.stability_item(report.stability, broken))
 
 
 def _unmeasured(options: MetricOptions) -> MetricOptions:

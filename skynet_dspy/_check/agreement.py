@@ -1,18 +1,17 @@
-"""Agreement with people: a person's scores for the cases, set beside the metric's (docs/trustworthy.md#agreement).
+"""Agreement with people (human=): a person's scores for the cases beside the metric's (docs/trustworthy.md).
 
-For the score and each named score the person gave: Spearman's rank correlation, Cohen's kappa when both sides
-use few levels (pass/fail, 1 to 5), and the mean absolute difference; and the cases where metric and person
-differ most, with the metric's feedback beside the person's score: the cases to read when improving a judge
-prompt. The figures are written here in a few lines each: scipy is not a dependency, and Python 3.11's
-statistics.correlation has no ranked (Spearman) method (it came in 3.12).
+Per score the person gave: Spearman's rank correlation, Cohen's kappa when both sides use few levels, the mean
+absolute difference, and the cases where metric and person differ most, with the metric's feedback. Written
+here in a few lines: scipy is not a dependency, and Python 3.11's statistics.correlation has no ranked method.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,9 @@ MIN_CASES = 5  # fewer labelled cases compared than this: the figures are too ro
 KAPPA_LEVELS = 5  # Cohen's kappa when metric and person together use at most this many distinct values
 SHOWN_DISAGREEMENTS = 5  # cases listed where metric and person differ most
 _FEEDBACK_SHOWN = 300  # characters of the metric's feedback beside a disagreement
+
+# human=: a JSONL file, or one label per case in order: a score, None, or {"score": ..., "scores": {...}}
+HumanScores = str | Path | Sequence[float | dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,6 @@ class Figures:
         kappa = f", kappa {_figure(self.kappa)}" if self.kappa is not None else ""
         return (f"{self.name}: Spearman {_figure(self.spearman)}{kappa}, mean |difference| "
                 f"{self.mean_abs_diff:.3g} ({self.cases} cases)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cases": self.cases, "spearman": self.spearman, "kappa": self.kappa,
-                "mean_abs_diff": self.mean_abs_diff}
 
 
 @dataclass(frozen=True)
@@ -104,34 +102,24 @@ class Agreement:
 
     def lines(self) -> list[str]:
         """The report's section on agreement, as text lines."""
-        head = f"Agreement with people ({self.labelled} labelled case(s), min_agreement {self.min_agreement:g}):"
-        rows = [f"  {figures.describe()}" for figures in self.figures]
+        lines = [f"Agreement with people ({self.labelled} labelled case(s), min_agreement {self.min_agreement:g}):"]
+        lines += [f"  {figures.describe()}" for figures in self.figures]
         if self.skipped:
-            rows.append(f"  {self.skipped} labelled case(s) not compared: the metric's call failed")
+            lines.append(f"  {self.skipped} labelled case(s) not compared: the metric's call failed")
         if self.disagreements:
-            rows.append("  where they differ most:")
-            rows.extend(
-                f"    case {d.case}, {d.name}: metric {d.metric:.3g}, person {d.person:.3g}; feedback: "
-                f"{' '.join(clip(d.feedback, _FEEDBACK_SHOWN).split())}"
-                for d in self.disagreements
-            )
-        return [head, *rows]
+            lines.append("  where they differ most:")
+            lines += [f"    case {d.case}, {d.name}: metric {d.metric:.3g}, person {d.person:.3g}; feedback: "
+                      f"{' '.join(clip(d.feedback, _FEEDBACK_SHOWN).split())}" for d in self.disagreements]
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "min_agreement": self.min_agreement,
             "labelled_cases": self.labelled,
             "skipped_cases": self.skipped,
-            "figures": [figures.to_dict() for figures in self.figures],
-            "disagreements": [
-                {"case": d.case, "name": d.name, "metric": d.metric, "person": d.person,
-                 "feedback": secrets.redact(d.feedback)}
-                for d in self.disagreements
-            ],
+            "figures": [asdict(figures) for figures in self.figures],
+            "disagreements": [{**asdict(d), "feedback": secrets.redact(d.feedback)} for d in self.disagreements],
         }
-
-
-# -- a person's labels ------------------------------------------------------------------------------
 
 
 def human_labels(human: Any) -> list[HumanLabel | None]:
@@ -172,19 +160,15 @@ def check_labels(labels: list[HumanLabel | None], examples: Any, cases: list[Cas
 
 
 def _label(item: Any, where: str) -> HumanLabel | None:
-    if item is None:
-        return None
-    if not isinstance(item, dict):
-        return HumanLabel(_number(item, where, "score"))
+    if item is None or not isinstance(item, dict):
+        return None if item is None else HumanLabel(_number(item, where, "score"))
     unknown = [str(key) for key in item if key not in ("score", "scores", "input")]
     if unknown:
         raise DataError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; a label holds 'score', 'scores' "
                         "(named scores) and, to check it matches its case, 'input'")
-    score = item.get("score")
-    named = item.get("scores") or {}
+    score, named, given = item.get("score"), item.get("scores") or {}, item.get("input")
     if not isinstance(named, dict):
         raise DataError(f"{where}: 'scores' must be a dict of named scores, got {shorten(named)}")
-    given = item.get("input")
     if given is not None and not isinstance(given, dict):
         raise DataError(f"{where}: 'input' must be the case's input dict, got {shorten(given)}")
     if score is None and not named:
@@ -210,22 +194,10 @@ def check_min_agreement(value: Any) -> float:
     return number
 
 
-# -- the figures ------------------------------------------------------------------------------------
-
-
 def agreement(runs: list[CaseRun], labels: list[HumanLabel | None], min_agreement: float) -> Agreement:
-    """The metric's score on each case's own output (its first run) beside the person's, per score name."""
-    found = Agreement(min_agreement, labels=labels[:len(runs)])
-    pairs = _pairs(runs, labels, found)
-    found.figures = [_figures(name, compared) for name, compared in pairs.items()]
-    differing = [pair for compared in pairs.values() for pair in compared if pair.difference > 0]
-    found.disagreements = sorted(differing, key=lambda pair: -pair.difference)[:SHOWN_DISAGREEMENTS]
-    return found
-
-
-def _pairs(runs: list[CaseRun], labels: list[HumanLabel | None], found: Agreement) -> dict[str, list[Disagreement]]:
-    """Metric and person side by side per score name, over the labelled cases whose call succeeded (counted in
-    `found`)."""
+    """The metric's score on each case's own output (its first run) beside the person's, per score name, over the
+    labelled cases whose call succeeded."""
+    found = Agreement(min_agreement, labels=labels[: len(runs)])
     pairs: dict[str, list[Disagreement]] = {}
     for number, (run, label) in enumerate(zip(runs, labels, strict=False), 1):
         if label is None:
@@ -235,12 +207,15 @@ def _pairs(runs: list[CaseRun], labels: list[HumanLabel | None], found: Agreemen
         if result is None or not result.ok:
             found.skipped += 1
             continue
-        given = {"score": (result.score, label.score), **{
-            name: ((result.scores or {}).get(name), value) for name, value in label.scores.items()}}
+        given = {"score": (result.score, label.score),
+                 **{name: ((result.scores or {}).get(name), value) for name, value in label.scores.items()}}
         for name, (metric, person) in given.items():
             if metric is not None and person is not None:
                 pairs.setdefault(name, []).append(Disagreement(number, name, metric, person, result.feedback))
-    return pairs
+    found.figures = [_figures(name, compared) for name, compared in pairs.items()]
+    differing = [pair for compared in pairs.values() for pair in compared if pair.difference > 0]
+    found.disagreements = sorted(differing, key=lambda pair: -pair.difference)[:SHOWN_DISAGREEMENTS]
+    return found
 
 
 def _figures(name: str, compared: list[Disagreement]) -> Figures:
@@ -250,7 +225,7 @@ def _figures(name: str, compared: list[Disagreement]) -> Figures:
     return Figures(
         name, len(compared), spearman(metric_side, person_side),
         cohen_kappa(metric_side, person_side) if few_levels else None,
-        math.fsum(pair.difference for pair in compared) / len(compared),
+        statistics.fmean(pair.difference for pair in compared),
     )
 
 
@@ -271,17 +246,12 @@ def cohen_kappa(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for position in range(start, end + 1):
-            ranks[order[position]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
+    """Each value's rank from 1; tied values share the mean of their ranks."""
+    first: dict[float, int] = {}
+    for position, value in enumerate(sorted(values)):
+        first.setdefault(value, position)
+    counts = Counter(values)
+    return [first[value] + (counts[value] + 1) / 2 for value in values]
 
 
 def agreement_item(found: Agreement) -> CheckItem:
@@ -299,29 +269,25 @@ def agreement_item(found: Agreement) -> CheckItem:
         status = Status.WARNING if rough else Status.PASSED
         return CheckItem(name, status, f"agrees with the person's scores (at least {found.min_agreement:g}): "
                                        f"{figures}{rough}")
-    advice = _advice(low, found.min_agreement)
     return CheckItem(
         name, Status.WARNING,
         f"agreement below {found.min_agreement:g} on {', '.join(f.name for f in low)}: {figures}. "
-        f"{'; '.join(advice)} (docs/trustworthy.md){rough}",
+        f"{'; '.join(_advice(low, found.min_agreement))} (docs/trustworthy.md){rough}",
     )
 
 
 def _advice(low: list[Figures], min_agreement: float) -> list[str]:
-    """What to do about the scores whose agreement is low: an inverted metric, one that cannot be measured, and
-    the cases to read."""
+    """What to do about low agreement: an inverted metric, one that cannot be measured, the cases to read."""
     inverted = [f.name for f in low if f.agreement is not None and f.agreement <= -min_agreement]
     undefined = [f.name for f in low if f.agreement is None]
-    advice = []
-    if inverted:
-        advice.append(f"{', '.join(inverted)} runs against the person's: the metric looks inverted (a negated "
-                      "check, PASS and FAIL swapped, a score of 1 - x)")
-    if undefined:
-        advice.append(f"{', '.join(undefined)} cannot be measured: one side gave every case the same value; label "
-                      "cases of both kinds")
-    advice.append("read the cases where they differ most (below) beside the metric's feedback, and improve the "
-                  "judge prompt or the scoring there")
-    return advice
+    return [
+        *([f"{', '.join(inverted)} runs against the person's: the metric looks inverted (a negated check, PASS and "
+           "FAIL swapped, a score of 1 - x)"] if inverted else []),
+        *([f"{', '.join(undefined)} cannot be measured: one side gave every case the same value; label cases of "
+           "both kinds"] if undefined else []),
+        "read the cases where they differ most (below) beside the metric's feedback, and improve the judge prompt "
+        "or the scoring there",
+    ]
 
 
 def _figure(value: float | None) -> str:

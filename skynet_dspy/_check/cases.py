@@ -1,8 +1,7 @@
 """The cases a contract check runs the metric on: dspy.Examples, case dicts, or lines of a JSONL file.
 
-A case is {"input": {...}, "output": ..., "expected": {...} | None}; without "output", the expected
-values serve as the output. A flat row ({"ticket": ..., "label": ...}) becomes a case when the input
-fields are named (`inputs=`): the other keys are the expected values.
+A case is {"input": {...}, "output": ..., "expected": {...} | None}; a flat row ({"ticket": ..., "label": ...})
+is one when its input fields are named (`inputs=`): the other keys are the expected values.
 """
 
 from __future__ import annotations
@@ -140,27 +139,21 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
 def read_json_lines(
     path: Path, what: str = "data file", like: str = '{"input": {...}, "expected": {...}}'
 ) -> list[tuple[int, Any]]:
-    """(line number, value) for each non-blank line of a JSONL file (the `what`, in messages); a DataError naming
-    the file and line otherwise. A line that is not JSON is shown how to write one `like` this.
-
-    Lines end at '\\n' only (a string may hold U+2028). A FIFO, a device or an endless file is refused,
-    and so is JSON nested too deeply to read.
-    """
+    """(line number, value) for each non-blank line of a JSONL file (the `what`); a DataError naming the file and
+    line otherwise, showing a line `like` this. Lines end at '\\n' only; a FIFO, a device or an endless file is
+    refused."""
     try:
         info = path.stat()
-    except FileNotFoundError:
-        raise DataError(f"{what} not found: {path}") from None
-    except OSError as exc:
-        raise DataError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise DataError(f"the {what} {path} is a folder; give the path of a .jsonl file")
-    if not stat.S_ISREG(info.st_mode):
-        raise DataError(f"the {what} {path} is not a regular file (a pipe or a device); save it to a file")
-    if info.st_size > MAX_DATA_BYTES:
-        raise DataError(f"the {what} {path} is over {MAX_DATA_BYTES // 2**20} MB; split it")
-    try:
+        if stat.S_ISDIR(info.st_mode):
+            raise DataError(f"the {what} {path} is a folder; give the path of a .jsonl file")
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError(f"the {what} {path} is not a regular file (a pipe or a device); save it to a file")
+        if info.st_size > MAX_DATA_BYTES:
+            raise DataError(f"the {what} {path} is over {MAX_DATA_BYTES // 2**20} MB; split it")
         with open(path, "rb") as handle:
             raw = handle.read(MAX_DATA_BYTES + 1)
+    except FileNotFoundError:
+        raise DataError(f"{what} not found: {path}") from None
     except OSError as exc:
         raise DataError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
     if len(raw) > MAX_DATA_BYTES:

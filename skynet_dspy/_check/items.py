@@ -36,7 +36,13 @@ def return_value(calls: list[Call]) -> CheckItem:
     name = Item.RETURN_VALUE
     broken = _broken_calls(calls)
     if broken:
-        return CheckItem(name, Status.FAILED, _broken_message(broken[0], calls))
+        failed = sum(call.result.failure is not None and call.result.failure not in STOPPING for call in calls)
+        more = f" ({failed} of {len(calls)} calls failed)" if failed > 1 else ""
+        advice = ""
+        if broken[0].result.failure is Failure.JUDGE_NOT_CONFIGURED:
+            advice = (" To check a metric that calls llm(), give it a model: metric_lm= in Python, or "
+                      "--metric-lm MODEL (and --api-base URL) on the command line")
+        return CheckItem(name, Status.FAILED, f"{broken[0].label}: {broken[0].problem.rstrip('.')}.{more}{advice}")
     valid = [call for call in calls if call.result.ok]
     if not valid:
         why = "no call returned in time" if calls else "no call was made"
@@ -51,43 +57,25 @@ def return_value(calls: list[Call]) -> CheckItem:
 
 
 def _broken_calls(calls: list[Call]) -> list[Call]:
-    """The calls that broke the contract: a bad shape always; an exception only on the case's own output
-    (the output the case gave or, giving none, its expected values), since score may reasonably reject the
-    probes the check adds."""
+    """A bad shape breaks the contract on any call; an exception only on the case's own output (its given output,
+    else its expected values): score may reasonably reject the probes the check adds."""
     given_cases = {call.case for call in calls if call.role is Role.GIVEN}
-
-    def case_output(call: Call) -> bool:
-        return call.role is Role.GIVEN or (call.role is Role.PERFECT and call.case not in given_cases)
-
     return [
         call for call in calls
-        if call.result.failure in _ALWAYS_BROKEN or (call.result.failure is Failure.EXCEPTION and case_output(call))
+        if call.result.failure in _ALWAYS_BROKEN or call.result.failure is Failure.EXCEPTION and (
+            call.role is Role.GIVEN or call.role is Role.PERFECT and call.case not in given_cases)
     ]
 
 
-def _broken_message(first: Call, calls: list[Call]) -> str:
-    failed = sum(call.result.failure is not None and call.result.failure not in STOPPING for call in calls)
-    more = f" ({failed} of {len(calls)} calls failed)" if failed > 1 else ""
-    advice = ""
-    if first.result.failure is Failure.JUDGE_NOT_CONFIGURED:
-        advice = (" To check a metric that calls llm(), give it a model: metric_lm= in Python, or "
-                  "--metric-lm MODEL (and --api-base URL) on the command line")
-    return f"{first.label}: {first.problem.rstrip('.')}.{more}{advice}"
-
-
 def _feedback_notes(valid: list[Call]) -> list[str]:
+    empty = next((call for call in valid if not call.result.feedback.strip()), None)
+    cut = next((call for call in valid if was_cut(call.result.feedback)), None)
     notes = []
-    empty = [call for call in valid if not call.result.feedback.strip()]
     if empty:
-        notes.append(
-            f"the feedback is empty on {empty[0].label}: the reflection model learns only from feedback, so say "
-            "what is wrong and what a right answer looks like"
-        )
-    cut = [call for call in valid if was_cut(call.result.feedback)]
+        notes.append(f"the feedback is empty on {empty.label}: the reflection model learns only from feedback, so "
+                     "say what is wrong and what a right answer looks like")
     if cut:
-        notes.append(
-            f"the feedback on {cut[0].label} is over the limit and was cut; shorten it or raise feedback_limit="
-        )
+        notes.append(f"the feedback on {cut.label} is over the limit and was cut; shorten it or raise feedback_limit=")
     return notes
 
 

@@ -1,8 +1,6 @@
 """The contract check's report: one line per item, the calls it made, a verdict; as text, HTML and JSON.
 
-Every text is redacted before it is escaped or wrapped, so no credential survives in any form; then made safe
-for where it goes (_core/safe_text.py): control characters visible in the text, escaped in HTML, valid UTF-8
-everywhere (a lone surrogate in a case never loses the report).
+Every text is redacted before it is escaped or wrapped, then made safe for where it goes (_core/safe_text.py).
 """
 
 from __future__ import annotations
@@ -56,12 +54,8 @@ class CheckItem:
 
 @dataclass(frozen=True)
 class CaseRun:
-    """The metric's results on one case.
-
-    `output` is the case's given output, or its expected values when it gave none. `result` is the
-    score of the given output (None when there was none), `perfect` that of the expected values as
-    output, `contrast` that of another case's expected values (tried when the case gave no output).
-    """
+    """The metric's results on one case: on its given output (`output`, else its expected values), on its
+    expected values as output (`perfect`), and on another case's expected values (`contrast`)."""
 
     input: dict[str, Any]
     expected: dict[str, Any] | None
@@ -72,21 +66,8 @@ class CaseRun:
 
     @property
     def own(self) -> Result | None:
-        """The result on the case's own output: its given one, else its expected values (what repeats and human
-        scores are about)."""
+        """The result on the case's own output: its given one, else its expected values."""
         return self.result if self.result is not None else self.perfect
-
-
-@dataclass(frozen=True)
-class CaseRow:
-    """One case as results_frame() shows a report: its own output's result, and the columns repeat= and human=
-    add (runs, score_min, score_max, spread, verdict_changed; human_score, human.NAME)."""
-
-    input: dict[str, Any]
-    output: Any
-    expected: dict[str, Any] | None
-    result: Result
-    columns: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -112,7 +93,7 @@ class Call:
 
     @property
     def problem(self) -> str:
-        """What went wrong, in full (the check shows what an optimizer never sees: the message, the line)."""
+        """What went wrong, in full (what an optimizer never sees)."""
         detail = self.result.detail or self.result.feedback.rstrip(".")
         if self.result.failure is Failure.INVALID:
             return f"the return value broke the contract: {detail}"
@@ -149,18 +130,11 @@ class ContractReport:
     stability: Stability | None = None  # with repeat=: each case's spread over its runs (stability.py)
     agreement: Agreement | None = None  # with human=: agreement with a person's scores (agreement.py)
 
-    def case_rows(self) -> list[CaseRow]:
-        """Each case scored, with its figures from repeat= and human=: what results_frame(report) shows."""
-        rows = []
-        for number, run in enumerate(self.cases, 1):
-            if run.own is None:
-                continue
-            columns = {}
-            for section in (self.stability, self.agreement):
-                if section is not None:
-                    columns.update(section.columns(number))
-            rows.append(CaseRow(run.input, run.output, run.expected, run.own, columns))
-        return rows
+    def case_rows(self) -> list[tuple[CaseRun, dict[str, Any]]]:
+        """Each case scored, with the columns repeat= and human= add: what results_frame(report) shows."""
+        sections = [section for section in (self.stability, self.agreement) if section is not None]
+        return [(run, {name: value for section in sections for name, value in section.columns(number).items()})
+                for number, run in enumerate(self.cases, 1) if run.own is not None]
 
     @property
     def _sections(self) -> list[list[str]]:
@@ -233,34 +207,17 @@ class ContractReport:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        def cell(text: str, style: str = "") -> str:
-            return f"<td style='{_CELL};{style}'>{safe_text.for_html(secrets.redact(text))}</td>"
-
-        rows = "".join(
-            f"<tr>{cell(item.name)}{cell(str(item.status), f'color:{_COLORS[item.status]};font-weight:bold')}"
-            f"{cell(item.message)}</tr>"
-            for item in self.items
-        )
-        calls = "".join(
-            f"<tr>{cell(call.label)}{cell(_score_text(call.result))}{cell(clip(call.result.feedback, 2000))}</tr>"
-            for call in self.calls
-        )
-        head = "".join(f"<th style='text-align:left'>{name}</th>" for name in ("item", "status", "message"))
-        calls_head = "".join(f"<th style='text-align:left'>{name}</th>" for name in ("call", "score", "feedback"))
-        calls_table = (
-            f"<details><summary>Calls</summary><table><thead><tr>{calls_head}</tr></thead><tbody>{calls}</tbody>"
-            "</table></details>"
-            if calls
-            else ""
-        )
-        calls_table += "".join(
-            f"<pre>{safe_text.for_html(secrets.redact(chr(10).join(section)))}</pre>" for section in self._sections
-        )
+        colored = [(item.name, (str(item.status), f"color:{_COLORS[item.status]};font-weight:bold"), item.message)
+                   for item in self.items]
+        calls = [(call.label, _score_text(call.result), clip(call.result.feedback, 2000)) for call in self.calls]
+        sections = "".join(f"<pre>{_html(chr(10).join(section))}</pre>" for section in self._sections)
         color = _COLORS[Status.FAILED] if not self.ok else _COLORS[Status.PASSED]
         return (
-            f"<div><p><b>{safe_text.for_html(secrets.redact(self.heading))}</b>: "
-            f"<span style='color:{color}'>{safe_text.for_html(secrets.redact(self.verdict))}</span></p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{calls_table}</div>"
+            f"<div><p><b>{_html(self.heading)}</b>: <span style='color:{color}'>{_html(self.verdict)}</span></p>"
+            + _html_table(("item", "status", "message"), colored)
+            + (f"<details><summary>Calls</summary>{_html_table(('call', 'score', 'feedback'), calls)}</details>"
+               if calls else "")
+            + sections + "</div>"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +246,22 @@ class ContractReport:
     def to_json(self) -> str:
         """The report as JSON: valid UTF-8, no raw control byte (safe to print)."""
         return safe_text.json_text(self.to_dict(), indent=2)
+
+
+def _html(text: str) -> str:
+    return safe_text.for_html(secrets.redact(text))
+
+
+def _html_table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """A table of text cells; a cell given as (text, style) gets that style too."""
+    cells = "".join(
+        "<tr>" + "".join(
+            f"<td style='{_CELL};{cell[1] if isinstance(cell, tuple) else ''}'>"
+            f"{_html(cell[0] if isinstance(cell, tuple) else cell)}</td>" for cell in row) + "</tr>"
+        for row in rows
+    )
+    names = "".join(f"<th style='text-align:left'>{name}</th>" for name in head)
+    return f"<table><thead><tr>{names}</tr></thead><tbody>{cells}</tbody></table>"
 
 
 def _wrap(message: str, head: str, indent: str) -> list[str]:

@@ -1,9 +1,9 @@
-"""Score stability: each case's own output scored `repeat` times, the judge asked again each time.
+"""Score stability (repeat=): each case's own output scored `repeat` times, the judge asked again each time.
 
-A metric that calls a judge can score the same output 1 on one run and 0 on the next; an optimizer then chases
-noise. The contract check's own call on a case is its first run; the repeats ask the judge again (its cache is
-neither read nor written: context.fresh_answers), within the metric's judge limits and spending cap. What the
-repeats will cost is estimated from the first pass and logged before they run. docs/trustworthy.md#stability
+A judge can score the same output 1 on one run and 0 on the next; an optimizer then chases noise. The check's
+own call is a case's first run; the repeats bypass the judge's cache (context.fresh_answers) within its limits
+and spending cap, and their cost is estimated from the first pass and logged before they run.
+docs/trustworthy.md#stability
 """
 
 from __future__ import annotations
@@ -11,31 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._core import context, secrets
-from .._core.context import LLMHandler
 from .._core.logs import logger
 from .._core.types import Failure, Item, JudgeUsage, Result, Status
-from .._core.values import finite_number, whole_number
+from .._core.values import finite_number, usd, whole_number
 from .report import CheckItem, ContractReport
+
+if TYPE_CHECKING:
+    from .._dspy.metric import Metric
 
 DEFAULT_MAX_SPREAD = 0.1  # a case whose score (or a named score) varies by more than this over its repeats warns
 # A repeat failing so stops the repeats: the metric hung, or its judge cannot answer (a cap, an error, no model).
 _STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED, Failure.SPEND_CAP, Failure.JUDGE_ERROR,
                        Failure.JUDGE_NOT_CONFIGURED, Failure.LOAD})
-
-
-class RepeatedMetric(Protocol):
-    """What the repeats need of a loaded metric (a skynet_dspy.Metric)."""
-
-    scorer: Any
-    success_threshold: float | None
-
-    @property
-    def judge_usage(self) -> JudgeUsage: ...
-
-    def score(self, input: dict[str, Any], output: Any, expected: dict[str, Any] | None = None) -> Result: ...
 
 
 @dataclass(frozen=True)
@@ -45,19 +35,15 @@ class Spread:
     values: tuple[float, ...]
 
     @property
-    def min(self) -> float:
-        return min(self.values)
-
-    @property
-    def max(self) -> float:
-        return max(self.values)
-
-    @property
     def spread(self) -> float:
-        return self.max - self.min
+        return max(self.values) - min(self.values)
+
+    def text(self) -> str:
+        low, high = min(self.values), max(self.values)
+        return f"{low:.3g}" if low == high else f"{low:.3g} to {high:.3g}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"min": self.min, "max": self.max, "spread": self.spread, "values": list(self.values)}
+        return {"min": min(self.values), "max": max(self.values), "spread": self.spread, "values": list(self.values)}
 
 
 @dataclass(frozen=True)
@@ -68,8 +54,8 @@ class CaseStability:
     score: Spread
     scores: dict[str, Spread]
     verdict_changed: bool  # a success (score above 0, or at/above success_threshold) on some runs, not on others
-    failures: tuple[str, ...]  # the failure kinds of the runs that failed (scored the failure score)
-    results: tuple[Result, ...] = field(repr=False)  # every run, the check's own first
+    failures: tuple[str, ...]  # the failure kinds of the runs that failed
+    runs: int
 
     @property
     def spread(self) -> float:
@@ -78,10 +64,8 @@ class CaseStability:
 
     def describe(self) -> str:
         """'case 2: score 0 to 1, verdict changed, accuracy 0.5 to 1, 1 run failed (exception)'."""
-        parts = [f"score {_range(self.score)}"]
-        if self.verdict_changed:
-            parts.append("verdict changed")
-        parts.extend(f"{name} {_range(named)}" for name, named in self.scores.items() if named.spread > 0)
+        parts = [f"score {self.score.text()}", *(["verdict changed"] if self.verdict_changed else [])]
+        parts += [f"{name} {named.text()}" for name, named in self.scores.items() if named.spread > 0]
         if self.failures:
             parts.append(f"{len(self.failures)} run(s) failed ({', '.join(dict.fromkeys(self.failures))})")
         return f"case {self.case}: {', '.join(parts)}"
@@ -89,12 +73,8 @@ class CaseStability:
 
 @dataclass
 class Stability:
-    """What the repeats found: per case its spreads, and overall the share of cases whose verdict changed.
-
-    `runs` is the number of runs per case asked for (the check's own call included); `estimate` is what was
-    logged before the repeats ran; `judge_requests` and `judge_cost_usd` are what the repeats sent to the judge;
-    `stopped` says why the repeats ended early (None when every run was made).
-    """
+    """What the repeats found: per case its spreads; the estimate logged before, what the repeats sent to the
+    judge, and why they stopped early (None when every run was made)."""
 
     runs: int
     max_spread: float
@@ -107,8 +87,7 @@ class Stability:
     @property
     def unstable(self) -> list[CaseStability]:
         """The cases whose spread passes max_spread, or whose verdict changed, or with a failed run."""
-        return [case for case in self.cases
-                if case.spread > self.max_spread or case.verdict_changed or case.failures]
+        return [case for case in self.cases if case.spread > self.max_spread or case.verdict_changed or case.failures]
 
     @property
     def changed_share(self) -> float | None:
@@ -119,19 +98,20 @@ class Stability:
         """A case's figures as results_frame() columns."""
         for found in self.cases:
             if found.case == case:
-                return {"runs": len(found.results), "score_min": found.score.min, "score_max": found.score.max,
-                        "spread": found.spread, "verdict_changed": found.verdict_changed}
+                return {"runs": found.runs, "score_min": min(found.score.values),
+                        "score_max": max(found.score.values), "spread": found.spread,
+                        "verdict_changed": found.verdict_changed}
         return {"runs": None}
 
     def lines(self) -> list[str]:
         """The report's section on stability, as text lines."""
-        head = f"Stability ({self.runs} runs per case, max_spread {self.max_spread:g}):"
-        rows = [f"  {case.describe()}" for case in self.cases]
-        share = self.changed_share
-        tail = [] if share is None else [f"  verdict changed on {share:.0%} of cases; the repeats sent "
-                                         f"{self.judge_requests} judge request(s){_dollars(self.judge_cost_usd)}"]
-        stopped = [f"  repeats stopped early: {self.stopped}"] if self.stopped else []
-        return [head, *rows, *tail, *stopped]
+        lines = [f"Stability ({self.runs} runs per case, max_spread {self.max_spread:g}):"]
+        lines += [f"  {case.describe()}" for case in self.cases]
+        if self.changed_share is not None:
+            cost = f" ({usd(self.judge_cost_usd)})" if self.judge_cost_usd else ""
+            lines.append(f"  verdict changed on {self.changed_share:.0%} of cases; the repeats sent "
+                         f"{self.judge_requests} judge request(s){cost}")
+        return lines + ([f"  repeats stopped early: {self.stopped}"] if self.stopped else [])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,49 +141,47 @@ def check_repeat(repeat: Any, max_spread: Any) -> tuple[int, float]:
     return runs, spread
 
 
-def announce(metric: RepeatedMetric, report: ContractReport, runs: int, max_spread: float,
-             before: JudgeUsage) -> Stability:
-    """Log what the repeats will cost, estimated from the check's first pass (`before`: the judge's usage before
-    it); the Stability the repeats will fill."""
+def announce(metric: Metric, report: ContractReport, runs: int, max_spread: float, before: JudgeUsage) -> Stability:
+    """The Stability the repeats will fill, having logged their cost estimated from the first pass (the judge's
+    usage since `before`)."""
     more = (runs - 1) * sum(run.own is not None for run in report.cases)
-    stability = Stability(runs, max_spread, estimate=_estimate(metric.judge_usage - before,
-                                                               len(report.calls), more))
+    stability = Stability(runs, max_spread, estimate=_estimate(metric.judge_usage - before, len(report.calls), more))
     logger.warning("skynet-dspy check: %s", stability.estimate)
     return stability
 
 
 def repeat_cases(
-    metric: RepeatedMetric, report: ContractReport, stability: Stability,
-    progress: Callable[[int, int], None] | None = None,
+    metric: Metric, report: ContractReport, stability: Stability, progress: Callable[[int, int], None] | None = None
 ) -> None:
-    """Score each case's own output until it has `stability.runs` runs (its first is the check's call), asking
-    the judge again each time."""
-    runs = stability.runs
-    own = [(number, run) for number, run in enumerate(report.cases, 1) if run.own is not None]
+    """Score each case's own output until it has `stability.runs` runs, asking the judge again each time."""
+    own = [(number, run, run.own) for number, run in enumerate(report.cases, 1) if run.own is not None]
     start = metric.judge_usage
-    done, planned = len(report.calls), len(report.calls) + (runs - 1) * len(own)
+    done, planned = len(report.calls), len(report.calls) + (stability.runs - 1) * len(own)
     handler = metric.scorer.llm
     if handler is not None:
-        metric.scorer.llm = _asking_again(handler)
+
+        def asking_again(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+            with context.fresh_answers():
+                return handler(instructions, input, settings)
+
+        metric.scorer.llm = asking_again
     try:
-        for number, run in own:
-            assert run.own is not None
-            results = [run.own]
-            for _ in range(runs - 1):
+        for number, run, first in own:
+            results = [first]
+            while len(results) < stability.runs and not stability.stopped:
                 result = metric.score(run.input, run.output, run.expected)
                 done += 1
                 if progress is not None:
                     progress(done, planned)
                 if result.failure in _STOPPING:
                     stability.stopped = f"case {number}: {result.detail or result.feedback}"
-                    break
-                results.append(result)
+                else:
+                    results.append(result)
             stability.cases.append(_case(number, results, metric.success_threshold))
             if stability.stopped:
                 break
     finally:
-        if handler is not None:
-            metric.scorer.llm = handler
+        metric.scorer.llm = handler
         spent = metric.judge_usage - start
         stability.judge_requests, stability.judge_cost_usd = spent.requests, spent.cost_usd
 
@@ -223,19 +201,18 @@ def stability_item(stability: Stability | None, broken: list[str]) -> CheckItem:
     stopped = f"; the repeats stopped early ({stability.stopped})" if stability.stopped else ""
     unstable = stability.unstable
     if unstable:
-        share = stability.changed_share or 0.0
         return CheckItem(
             name, Status.WARNING,
             f"{len(unstable)} of {len(stability.cases)} case(s) score differently {runs} (more than max_spread "
             f"{stability.max_spread:g} apart, a verdict changed, or a run failed): "
-            f"{'; '.join(case.describe() for case in unstable)}. The verdict changed on {share:.0%} of cases. An "
-            "optimizer would chase this noise: make the judge's answer deterministic (temperature 0, a stricter "
-            f"prompt, a fixed answer format) or score from several answers (docs/trustworthy.md){stopped}",
+            f"{'; '.join(case.describe() for case in unstable)}. The verdict changed on "
+            f"{stability.changed_share or 0.0:.0%} of cases. An optimizer would chase this noise: make the judge's "
+            "answer deterministic (temperature 0, a stricter prompt, a fixed answer format) or score from several "
+            f"answers (docs/trustworthy.md){stopped}",
         )
     largest = max(case.spread for case in stability.cases)
-    status = Status.WARNING if stability.stopped else Status.PASSED
     return CheckItem(
-        name, status,
+        name, Status.WARNING if stability.stopped else Status.PASSED,
         f"every case scored within {stability.max_spread:g} {runs} (largest spread {largest:.3g}); no verdict "
         f"changed{stopped}",
     )
@@ -243,57 +220,29 @@ def stability_item(stability: Stability | None, broken: list[str]) -> CheckItem:
 
 def _case(number: int, results: list[Result], threshold: float | None) -> CaseStability:
     names = dict.fromkeys(name for result in results for name in (result.scores or {}))
+    # a call's verdict as DSPy reads a Score: a success above 0, or at or above success_threshold when set
+    verdicts = {result.score > 0 if threshold is None else result.score >= threshold for result in results}
     return CaseStability(
         number,
         Spread(tuple(result.score for result in results)),
         {name: Spread(tuple(result.scores[name] for result in results if result.scores and name in result.scores))
          for name in names},
-        len({_succeeds(result.score, threshold) for result in results}) > 1,
+        len(verdicts) > 1,
         tuple(str(result.failure) for result in results if result.failure is not None),
-        tuple(results),
+        len(results),
     )
-
-
-def _succeeds(score: float, threshold: float | None) -> bool:
-    """A call's verdict as DSPy reads a Score: a success above 0, or at or above success_threshold when set."""
-    return score > 0 if threshold is None else score >= threshold
-
-
-def _asking_again(handler: LLMHandler) -> LLMHandler:
-    """`handler`, answering on its thread with the judge's cache out of the way (context.fresh_answers)."""
-
-    def answer(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
-        with context.fresh_answers():
-            return handler(instructions, input, settings)
-
-    return answer
 
 
 def _estimate(first_pass: JudgeUsage, calls: int, more_calls: int) -> str:
     """What the repeats will cost, from what the first pass used: judge requests per call, dollars per request."""
     head = f"repeating each case's call: {more_calls} more call(s) of score"
-    # every llm() call asks the judge again in a repeat
-    asked = first_pass.requests - first_pass.retries + first_pass.cache_hits
+    asked = first_pass.requests - first_pass.retries + first_pass.cache_hits  # each asks the judge again
     if not asked or not calls:
         return f"{head}; the first pass made no llm() request, so the repeats should cost no judge request"
     requests = math.ceil(asked / calls * more_calls)
     if first_pass.requests and first_pass.cost_usd is not None:
-        price = f", about {dollars(first_pass.cost_usd / first_pass.requests * requests)}"
+        price = f", about {usd(first_pass.cost_usd / first_pass.requests * requests)}"
     else:
         price = " (their price is unknown: the first pass's answers came from the cache or had no price)"
     return (f"{head}, about {requests} judge request(s){price}, estimated from the first pass; a judge spending cap "
             "(max_judge_cost_usd) still holds and stops the repeats")
-
-
-def _range(spread: Spread) -> str:
-    return f"{spread.min:.3g}" if spread.spread == 0 else f"{spread.min:.3g} to {spread.max:.3g}"
-
-
-def _dollars(cost: float | None) -> str:
-    return f" ({dollars(cost)})" if cost else ""
-
-
-def dollars(amount: float) -> str:
-    """'$0.52', or two significant digits below a cent ('$0.000021')."""
-    return f"${amount:.2f}" if amount >= 0.01 else f"${amount:.2g}"
-

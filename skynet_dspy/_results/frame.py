@@ -1,19 +1,32 @@
-"""results_frame(): what dspy.Evaluate returned, as a pandas DataFrame with one row per example."""
+"""results_frame(): what dspy.Evaluate returned as a plain pandas DataFrame, one row per example; results_style()
+colours it for Jupyter (every cell escaped), results_csv() writes it safe for a spreadsheet (_core/safe_text.py).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import csv
+import math
+from typing import TYPE_CHECKING, Any
 
+from .._core import safe_text, secrets
 from . import table
 from .extras import require
 
 if TYPE_CHECKING:
     import pandas as pd
     from dspy.evaluate import EvaluationResult
+    from pandas.io.formats.style import Styler
+
+    from .._check import ContractReport
+
+_FAILED_ROW = "background-color: #ffebe9"
+_FAILURE_CELL = "color: #cf222e; font-weight: bold"
+_LOW, _MID, _HIGH = (248, 215, 218), (255, 255, 255), (212, 237, 218)  # red, white, green
+HTML_CELL_LIMIT = 10_000  # characters of one cell results_style() shows (the frame keeps them all)
 
 
-def results_frame(evaluation: EvaluationResult, *, include_expected: bool = False) -> pd.DataFrame:
-    """One row per example of `evaluation` (what `dspy.Evaluate(...)(program)` returns), as a DataFrame.
+def results_frame(evaluation: EvaluationResult | ContractReport, *, include_expected: bool = False) -> pd.DataFrame:
+    """One row per example of `evaluation` (what `dspy.Evaluate(...)(program)` returns), as a plain DataFrame.
 
     Given a ContractReport (check_contract), one row per case scored; with repeat= the columns runs, score_min,
     score_max, spread and verdict_changed, with human= human_score and human.NAME (docs/trustworthy.md).
@@ -21,9 +34,10 @@ def results_frame(evaluation: EvaluationResult, *, include_expected: bool = Fals
     Columns: the example's input fields, the output (`output`, or `output.NAME` for several fields), `score`,
     one column per named score, `feedback`, `failure` (the failure kind, "" when the call worked) and, when
     the runs were measured, `run_ms`, `cost_usd` and `model_calls`. Expected values (`expected.NAME`) only with
-    `include_expected=True`. In Jupyter, failures and low scores stand out, and every cell, header and index label
-    is escaped; `.to_csv()` writes plain numbers and no cell a spreadsheet would evaluate (docs/safe-output.md).
-    Needs pandas (the [report] or [notebooks] extra).
+    `include_expected=True`. Text cells are stored with credentials masked and as valid UTF-8, so printing or
+    writing the frame never shows a credential. `frame.attrs["skynet"]` names the column groups (inputs,
+    outputs, expected, scores). `results_style(frame)` colours it in Jupyter; `results_csv(frame, path)` writes a
+    CSV safe to open in a spreadsheet. Needs pandas (the [report] or [notebooks] extra).
 
     Args:
         evaluation: What `dspy.Evaluate(...)(program)` returned (or a ContractReport from check_contract).
@@ -39,15 +53,145 @@ def results_frame(evaluation: EvaluationResult, *, include_expected: bool = Fals
     if not isinstance(include_expected, bool):
         raise TypeError(f"include_expected must be True or False, got {include_expected!r}")
     require("pandas", "report", "skynet_dspy.results_frame()")
-    from .styled import frame_of
-
     case_rows = getattr(evaluation, "case_rows", None)
-    if callable(case_rows):  # a ContractReport: a row per case, with the columns of its repeats and human scores
-        cases = case_rows()
-        rows = [table.row_of_result(case.input, case.output, case.expected, case.result) for case in cases]
-        frame = frame_of(rows, table.layout(rows, include_expected))
-        for column in dict.fromkeys(name for case in cases for name in case.columns):
-            frame[column] = [case.columns.get(column) for case in cases]
-        return frame
-    rows = table.rows_of(evaluation)
-    return frame_of(rows, table.layout(rows, include_expected))
+    if not callable(case_rows):
+        rows = table.rows_of(evaluation)
+        return _frame_of(rows, table.layout(rows, include_expected))
+    cases = case_rows()  # a ContractReport: a row per case, with the columns of its repeats and human scores
+    rows = [table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
+    frame = _frame_of(rows, table.layout(rows, include_expected))
+    for column in dict.fromkeys(name for _, columns in cases for name in columns):
+        frame[column] = [columns.get(column) for _, columns in cases]
+    return frame
+
+
+def _frame_of(rows: list[table.Row], layout: table.Layout) -> pd.DataFrame:
+    """The frame of `rows` laid out as `layout`: numeric dtypes for the number columns, text made safe."""
+    import pandas as pd
+
+    records = [{name: _safe(value) for name, value in table.values(row, layout).items()} for row in rows]
+    frame = pd.DataFrame.from_records(records, columns=layout.columns) if records else pd.DataFrame(
+        columns=layout.columns)
+    for column in ["score", *layout.scores.values(), *(("run_ms", "cost_usd") if layout.measured else ())]:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    if layout.measured:
+        frame["model_calls"] = pd.to_numeric(frame["model_calls"], errors="coerce").astype("Int64")
+    frame["feedback"] = frame["feedback"].astype(str)
+    frame["failure"] = frame["failure"].astype(str)
+    frame.attrs["skynet"] = {
+        "inputs": list(layout.inputs.values()),
+        "outputs": list(layout.outputs.values()),
+        "expected": list(layout.expected.values()),
+        "scores": list(layout.scores.values()),
+    }
+    return frame
+
+
+def _safe(value: Any) -> Any:
+    return safe_text.valid_utf8(secrets.redact(value)) if isinstance(value, str) else value
+
+
+def results_style(frame: pd.DataFrame) -> Styler:
+    """A results frame styled for Jupyter: failed rows tinted red, score columns shaded red (low) to green (high).
+
+    Every cell, header and index label is escaped HTML with credentials masked; a cell shows at most 10,000
+    characters; at most pandas' `display.max_rows` rows are shown, with a caption counting examples and failures.
+
+    Args:
+        frame: What results_frame() returned, or a slice of it.
+
+    Returns:
+        A pandas Styler (`frame.style` with the colours set); Jupyter renders it, `.to_html()` writes it.
+    """
+    import pandas as pd
+
+    require("jinja2", "report", "skynet_dspy.results_style()")
+    groups = frame.attrs.get("skynet", {})
+    shown = frame.head(pd.get_option("display.max_rows") or len(frame))
+    styler = shown.style
+    if "failure" in shown.columns:
+        styler = styler.apply(lambda row: [_FAILED_ROW if row["failure"] else "" for _ in row], axis=1)
+        styler = styler.map(lambda value: _FAILURE_CELL if value else "", subset=["failure"])
+    for column in ["score", *groups.get("scores", [])]:
+        if column in shown.columns:
+            numbers = pd.to_numeric(frame[column], errors="coerce").dropna()
+            low, high = (float(numbers.min()), float(numbers.max())) if len(numbers) else (0.0, 0.0)
+            styler = styler.map(lambda value, low=low, high=high: _shade(value, low, high), subset=[column])
+    numeric = [column for column in shown.columns if pd.api.types.is_float_dtype(shown[column])]
+    # Styler's escape="html" skips values that are not str (a dict output's repr would go in raw): escape all
+    styler = styler.format(_html_text).format(precision=3, subset=numeric, na_rep="")
+    styler = styler.format_index(_html_text, axis=0).format_index(_html_text, axis=1)
+    failed = int((frame["failure"] != "").sum()) if "failure" in frame.columns else 0
+    caption = f"{len(frame)} example(s), {failed} failed"
+    if len(frame) > len(shown):
+        caption += f"; showing the first {len(shown)} (pandas display.max_rows)"
+    return styler.set_caption(safe_text.for_html(caption))
+
+
+def results_csv(frame: pd.DataFrame, path_or_buf: Any = None, **options: Any) -> str | None:
+    """`frame.to_csv(...)`, safe to open in a spreadsheet.
+
+    A text cell or header that starts with = + - @, a tab or a carriage return (and is not a number) gets a
+    leading `'` (OWASP); numbers stay numbers; text fields are quoted (QUOTE_NONNUMERIC, unless `quoting` is
+    given), so a line break never starts a row; credentials in text are masked.
+
+    Args:
+        frame: What results_frame() returned, or any DataFrame.
+        path_or_buf: A path or file to write to; None returns the CSV as a string.
+        **options: What `DataFrame.to_csv` takes (index=False, sep=...).
+
+    Returns:
+        The CSV text when `path_or_buf` is None, else None.
+    """
+    import pandas as pd
+
+    options.setdefault("quoting", csv.QUOTE_NONNUMERIC)
+    plain = _text_cells(frame, _csv_value)
+    plain.columns = [_csv_value(str(name)) for name in plain.columns]
+    if not pd.api.types.is_numeric_dtype(plain.index):
+        plain.index = [_csv_value(str(label)) for label in plain.index]
+    result: str | None = plain.to_csv(path_or_buf, **options)
+    return result
+
+
+def _text_cells(frame: pd.DataFrame, convert: Any) -> pd.DataFrame:
+    """A copy of `frame` with `convert` applied to every cell of its columns that are not numbers."""
+    import pandas as pd
+
+    plain = pd.DataFrame(frame).copy()
+    for column in plain.columns:
+        if not (pd.api.types.is_numeric_dtype(plain[column]) or pd.api.types.is_bool_dtype(plain[column])):
+            plain[column] = [convert(value) for value in plain[column]]
+    return plain
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None or isinstance(value, (int, float, bool)):
+        return value
+    return safe_text.csv_cell(secrets.redact(value if isinstance(value, str) else str(value)))
+
+
+def _html_text(value: Any) -> str:
+    """One cell as escaped HTML text, credentials masked, at most HTML_CELL_LIMIT characters shown."""
+    import pandas as pd
+
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = secrets.redact(value if isinstance(value, str) else str(value))
+    if len(text) > HTML_CELL_LIMIT:
+        text = f"{text[:HTML_CELL_LIMIT]}… ({len(text) - HTML_CELL_LIMIT} more characters)"
+    return safe_text.for_html(text)
+
+
+def _shade(value: Any, low: float, high: float) -> str:
+    """A background from red (the column's lowest) through white to green (its highest); none when all equal."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(number) or high <= low:
+        return ""
+    share = (number - low) / (high - low)
+    start, end, t = (_LOW, _MID, share * 2) if share < 0.5 else (_MID, _HIGH, share * 2 - 1)
+    red, green, blue = (round(a + (b - a) * t) for a, b in zip(start, end, strict=True))
+    return f"background-color: rgb({red}, {green}, {blue})"

@@ -4,14 +4,15 @@ MLflow keeps a metric's score and feedback; this adds the named scores (their me
 example in the results table next to score and feedback), the judge's usage, the cost receipt, and the
 contract report and the per-example table as artifacts. Explicit, not automatic: autolog opens and closes
 its own run per evaluation, so the user says which run the figures belong to. Every file it writes is safe to
-open: results.csv through ResultsFrame.to_csv (no cell a spreadsheet evaluates), JSON valid UTF-8, the plot
-drawn literally (_core/safe_text.py).
+open: results.csv through results_csv (no cell a spreadsheet evaluates), JSON valid UTF-8, the plot drawn
+literally (_core/safe_text.py).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
@@ -83,36 +84,37 @@ def log_to_mlflow(
 
 
 def _log_finite(mlflow: Any, metrics: dict[str, float], run_id: str) -> None:
-    finite = {_key(name): value for name, value in metrics.items() if math.isfinite(value)}
+    """The finite figures, each under a key MLflow takes (a character it refuses becomes '_')."""
+    finite = {_UNSAFE.sub("_", name)[:250]: value for name, value in metrics.items() if math.isfinite(value)}
     if finite:
         mlflow.log_metrics(finite, run_id=run_id)
 
 
 def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected: bool) -> dict[str, float]:
     from . import table
-    from .frame import results_frame
+    from .frame import _text_cells, results_csv, results_frame
 
     rows = table.rows_of(evaluation)
     frame = results_frame(evaluation, include_expected=include_expected)
-    mlflow.log_table(data=_plain(frame), artifact_file=f"{ARTIFACTS}/results.json", run_id=run_id)
-    mlflow.log_text(frame.to_csv(index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
-    means = table.score_means(rows)
-    metrics = {"examples": float(len(rows))}
+    plain = _text_cells(frame, _cell)  # every cell one MLflow's JSON table can hold
+    plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
+    mlflow.log_table(data=plain, artifact_file=f"{ARTIFACTS}/results.json", run_id=run_id)
+    mlflow.log_text(results_csv(frame, index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
+    means, failures = table.score_means(rows), table.failure_counts(rows)
+    metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values()))}
     if means.score is not None:
         metrics["score"] = means.score
     metrics |= {f"scores/{name}": value for name, value in means.named.items()}
-    failures = table.failure_counts(rows)
-    metrics["failures"] = float(sum(failures.values()))
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
     return metrics | _run_metrics([row.observation for row in rows])
 
 
 def _run_metrics(observations: list[Any]) -> dict[str, float]:
-    """The measured runs' mean time, total cost (when every one is known) and model calls."""
+    """The measured runs' mean time, model calls and total cost (when every one is known)."""
     runs = [run for run in observations if run is not None and run.measured]
     if not runs:
         return {}
-    metrics = {"run_ms": math.fsum(run.run_ms or 0.0 for run in runs) / len(runs),
+    metrics = {"run_ms": statistics.fmean(run.run_ms or 0.0 for run in runs),
                "model_calls": float(sum(run.model_calls or 0 for run in runs))}
     if all(run.cost_usd is not None for run in runs):
         metrics["cost_usd"] = math.fsum(run.cost_usd or 0.0 for run in runs)
@@ -164,18 +166,6 @@ def _judge_metrics(usage: Any) -> dict[str, float]:
     return {name: float(value) for name, value in figures.items() if value is not None}
 
 
-def _plain(frame: Any) -> Any:
-    """The frame with every cell MLflow's JSON table can hold: other values (dicts, lists, objects) as JSON text."""
-    import pandas as pd
-
-    plain = pd.DataFrame(frame).copy()
-    plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
-    for column in plain.columns:
-        if not (pd.api.types.is_numeric_dtype(plain[column]) or pd.api.types.is_bool_dtype(plain[column])):
-            plain[column] = [_cell(value) for value in plain[column]]
-    return plain
-
-
 def _cell(value: Any) -> Any:
     if isinstance(value, str):
         return safe_text.valid_utf8(value)
@@ -185,8 +175,3 @@ def _cell(value: Any) -> Any:
         return safe_text.json_text(value, default=str)
     except (TypeError, ValueError):
         return safe_text.valid_utf8(str(value))
-
-
-def _key(name: str) -> str:
-    """An MLflow metric key: characters MLflow refuses become '_'."""
-    return _UNSAFE.sub("_", name)[:250]

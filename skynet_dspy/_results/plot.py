@@ -1,12 +1,11 @@
 """The report's plot: each candidate's validation score against the metric calls spent when GEPA found it.
 
-Drawn on a matplotlib Figure of its own (no pyplot, so no GUI backend and no global figure state). Named-score
-names are a metric's text: every label is drawn literally (no mathtext, no TeX; _core/safe_text.py), so `$$` or
-deeply nested braces draw as written instead of raising.
+A Figure of its own (no pyplot: no GUI backend, no global state); every label drawn literally (no mathtext).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from .._core.safe_text import for_plot, literal_text
@@ -44,10 +43,7 @@ def candidates_figure(report: Any) -> Any:
         return literal_text(figure)
     calls = [c.metric_calls for c in candidates]
     scores = [c.score for c in candidates]
-    best_so_far, running = [], float("-inf")
-    for score in scores:
-        running = max(running, score)
-        best_so_far.append(running)
+    best_so_far = list(itertools.accumulate(scores, max))
     end = max(report.total_metric_calls or 0, calls[-1])
     axes.step([*calls, end], [*best_so_far, best_so_far[-1]], where="post", color="#1a7f37", label="best so far")
     axes.scatter(calls, scores, color="#0969da", zorder=3, label="candidate (validation mean)")

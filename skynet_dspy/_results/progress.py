@@ -1,8 +1,5 @@
-"""The progress bar of long runs (a check with a judge, scoring thousands of cases): tqdm's.
-
-tqdm.auto draws a widget in Jupyter and a line on a terminal; anywhere else (a pipe, a log file) nothing is drawn.
-A quick run draws nothing either (tqdm's `delay`). A ticker redraws the bar, so its clock moves even while one
-slow call runs; `close()` clears it, so whatever is printed next starts on a clean line.
+"""The progress bar of long runs: tqdm.auto's (a widget in Jupyter, a line on a terminal, nothing in a pipe or
+for a quick run). A ticker redraws it, so its clock moves while one slow call runs; `close()` clears it.
 """
 
 from __future__ import annotations

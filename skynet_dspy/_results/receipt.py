@@ -1,12 +1,9 @@
-"""The cost receipt of an optimization run: what the program, the judge and the reflection model used, and the time.
-
-Built from the RunRecord skynet_dspy.gepa() / optimize_anything() keep of each run. A figure skynet-dspy could
-not tell is shown as unknown, with a note saying why, never as zero.
-"""
+"""The cost receipt of an optimization run, from the RunRecord skynet_dspy.gepa() / optimize_anything() keep."""
 
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,53 +76,38 @@ class CostReceipt:
     @property
     def total_usd(self) -> float | None:
         """The program's, the judge's and the reflection model's USD added up; None when one of them is unknown."""
-        parts = [
-            None if self.program is None or self.program.unpriced else self.program.cost_usd,
-            self.judge.cost_usd,
-            self.reflection.cost_usd,
-        ]
-        return None if any(part is None for part in parts) else sum(parts)  # type: ignore[arg-type]
+        program = None if self.program is None or self.program.unpriced else self.program.cost_usd
+        parts = [program, self.judge.cost_usd, self.reflection.cost_usd]
+        return None if None in parts else math.fsum(part or 0.0 for part in parts)
 
     def lines(self) -> list[tuple[str, str]]:
         """(what, figures) per line of the receipt, in words."""
-        program = self.program
-        if program is None:
-            program_text = "not measured"
-        else:
+        program, judge, reflection = self.program, self.judge, self.reflection
+        program_text = "not measured"
+        if program is not None:
             cost = usd(program.cost_usd) + (f" (+{program.unpriced} unpriced run(s))" if program.unpriced else "")
             cached = f" (+{program.cached_calls} answered from a cache)" if program.cached_calls else ""
             program_text = (f"{program.runs} run(s), {program.model_calls} model call(s){cached}, "
                             f"{program.total_tokens:,} tokens, {cost}, {program.run_ms / 1000:.2f} s of runs")
-        judge = self.judge
         judge_text = (f"{judge.requests} request(s), {judge.cache_hits} cache hit(s), {judge.total_tokens:,} tokens, "
                       f"{usd(judge.cost_usd)}, {judge.seconds:.2f} s")
-        if judge.failed:
-            judge_text += f", {judge.failed} failed"
-        reflection = self.reflection
+        judge_text += f", {judge.failed} failed" if judge.failed else ""
         calls = "? calls" if reflection.calls is None else f"{reflection.calls} call(s)"
         tokens = "? tokens" if reflection.total_tokens is None else f"{reflection.total_tokens:,} tokens"
-        reflection_text = f"{calls}, {tokens}, {usd(reflection.cost_usd)}"
-        if reflection.cache_hits:
-            reflection_text += f", {reflection.cache_hits} cache hit(s)"
+        hits = f", {reflection.cache_hits} cache hit(s)" if reflection.cache_hits else ""
+        known = [program.cost_usd if program is not None else None, judge.cost_usd, reflection.cost_usd]
         total = self.total_usd
-        total_text = usd(total) if total is not None else f"at least {usd(self._known_usd())} (some costs unknown)"
-        failed = sum(self.failures.values())
         kinds = ", ".join(f"{count} {kind}" for kind, count in self.failures.items())
-        metric_text = (f"{self.metric_calls} score() call(s), {self.memo_hits} answered from memory, "
-                       f"{failed} failed" + (f" ({kinds})" if kinds else ""))
         return [
             ("program", program_text),
             ("judge", judge_text),
-            ("reflection", reflection_text),
-            ("total", total_text),
+            ("reflection", f"{calls}, {tokens}, {usd(reflection.cost_usd)}{hits}"),
+            ("total", usd(total) if total is not None else
+             f"at least {usd(math.fsum(part for part in known if part is not None))} (some costs unknown)"),
             ("wall time", f"{self.seconds:.2f} s"),
-            ("metric", metric_text),
+            ("metric", f"{self.metric_calls} score() call(s), {self.memo_hits} answered from memory, "
+                       f"{sum(self.failures.values())} failed" + (f" ({kinds})" if kinds else "")),
         ]
-
-    def _known_usd(self) -> float:
-        parts = [self.program.cost_usd if self.program is not None else None, self.judge.cost_usd,
-                 self.reflection.cost_usd]
-        return sum(part for part in parts if part is not None)
 
     def __str__(self) -> str:
         width = max(len(name) for name, _ in self.lines())
@@ -150,17 +132,13 @@ class CostReceipt:
 
     def to_dict(self) -> dict[str, Any]:
         """The receipt in plain values (JSON-ready): program, judge, reflection, total_usd, seconds, notes."""
+        def usage(part: Any) -> dict[str, Any] | None:
+            return None if part is None else {**asdict(part), "total_tokens": part.total_tokens}
+
         return {
-            "program": None if self.program is None else {**asdict(self.program),
-                                                          "total_tokens": self.program.total_tokens},
-            "judge": {**asdict(self.judge), "total_tokens": self.judge.total_tokens},
-            "reflection": {**asdict(self.reflection), "total_tokens": self.reflection.total_tokens},
-            "total_usd": self.total_usd,
-            "seconds": self.seconds,
-            "metric": self.metric,
-            "metric_calls": self.metric_calls,
-            "memo_hits": self.memo_hits,
-            "failures": dict(self.failures),
+            "program": usage(self.program), "judge": usage(self.judge), "reflection": usage(self.reflection),
+            "total_usd": self.total_usd, "seconds": self.seconds, "metric": self.metric,
+            "metric_calls": self.metric_calls, "memo_hits": self.memo_hits, "failures": dict(self.failures),
             "notes": list(self.notes),
         }
 

@@ -1,14 +1,13 @@
 """skynet_dspy.report(): what a GEPA run found and what it cost, as text, HTML in Jupyter and a PNG plot.
 
-It reads GEPA's own results (a dspy.GEPA compiled program's `detailed_results`, or the GEPAResult of
-optimize_anything) and the RunRecord skynet-dspy kept of the run (for the cost receipt). Candidate texts and
-named-score names are a model's or a metric's text: made safe for each medium by _core/safe_text.py.
+It reads GEPA's results (a compiled program's `detailed_results`, or optimize_anything's GEPAResult) and the
+RunRecord skynet-dspy kept of the run; every text is made safe for each medium (_core/safe_text.py).
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,34 +103,29 @@ class OptimizationReport:
             figure.savefig(Path(path), format="png", dpi=110, bbox_inches="tight")
         return figure
 
-    # -- text and HTML ---------------------------------------------------------------------------
-
-    def _score_names(self) -> list[str]:
-        return list(dict.fromkeys(name for candidate in self.candidates for name in candidate.scores))
-
-    def _table_lines(self) -> list[str]:
-        """The candidates as a text table, columns aligned."""
-        if not self.candidates:
-            return []
-        names = self._score_names()
-        header = ["#", "parents", "metric calls", "val score", *names]
-        table = [header] + [
+    def _table(self) -> list[list[str]]:
+        """The candidates as rows of text cells, the header first."""
+        names = list(dict.fromkeys(name for candidate in self.candidates for name in candidate.scores))
+        return [["#", "parents", "metric calls", "val score", *names]] + [
             [f"{c.index}{' best' if c.index == self.best else ''}", ",".join(map(str, c.parents)) or "-",
              "-" if c.metric_calls is None else str(c.metric_calls), f"{c.score:.3f}",
              *(_number(c.scores.get(name)) for name in names)]
             for c in self.candidates
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                for row in table]
+
+    def _named_text(self, arrow: str) -> str:
+        return f"Named scores, seed {arrow} best: " + ", ".join(
+            f"{name} {_number(seed)} {arrow} {_number(best)}" for name, (seed, best) in self.named_scores.items())
 
     def __str__(self) -> str:
         lines = [f"{self.source} run: {len(self.candidates)} candidate(s)"
                  + (f", {self.total_metric_calls} metric calls" if self.total_metric_calls is not None else "")]
-        lines += self._table_lines()
+        table = self._table() if self.candidates else []
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))] if table else []
+        lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                  for row in table]
         if self.named_scores:
-            lines.append("Named scores, seed -> best: " + ", ".join(
-                f"{name} {_number(seed)} -> {_number(best)}" for name, (seed, best) in self.named_scores.items()))
+            lines.append(self._named_text("->"))
         best = self.best_candidate
         if best is not None:
             difference = self.diff()
@@ -147,29 +141,21 @@ class OptimizationReport:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        names = self._score_names()
-        titles = ["#", "parents", "metric calls", "val score", *names]
-        head = "".join(f"<th>{for_html(text)}</th>" for text in titles)
+        head, *rows = self._table()
         body = "".join(
-            f"<tr style='{'font-weight:bold;background:#dafbe1' if c.index == self.best else ''}'>"
-            f"<td>{c.index}</td><td>{for_html(','.join(map(str, c.parents)) or '-')}</td>"
-            f"<td>{'-' if c.metric_calls is None else c.metric_calls}</td><td>{c.score:.3f}</td>"
-            + "".join(f"<td>{_number(c.scores.get(name))}</td>" for name in names) + "</tr>"
-            for c in self.candidates
+            f"<tr style='{'font-weight:bold;background:#dafbe1' if row[0].endswith(' best') else ''}'>"
+            + "".join(f"<td>{for_html(cell.removesuffix(' best'))}</td>" for cell in row) + "</tr>"
+            for row in rows
         )
         parts = [f"<div><b>{for_html(self.source)} run</b>: {len(self.candidates)} candidate(s)",
-                 f"<table><tr>{head}</tr>{body}</table>"]
+                 f"<table><tr>{''.join(f'<th>{for_html(text)}</th>' for text in head)}</tr>{body}</table>"]
         if self.named_scores:
-            parts.append("<p>Named scores, seed &rarr; best: " + ", ".join(
-                f"{for_html(name)} {_number(seed)} &rarr; {_number(best)}"
-                for name, (seed, best) in self.named_scores.items()) + "</p>")
+            parts.append(f"<p>{for_html(self._named_text('→'))}</p>")
         difference = self.diff()
         if difference:
             parts.append("<pre style='text-align:left'>" + "".join(_diff_line(line) for line in difference.splitlines())
                          + "</pre>")
-        image = self._plot_html()
-        if image:
-            parts.append(image)
+        parts.append(self._plot_html())
         if self.receipt is not None:
             parts.append(self.receipt._repr_html_())
         parts += [f"<p style='color:#6e7781'>note: {for_html(note)}</p>" for note in self.notes]
@@ -189,15 +175,11 @@ class OptimizationReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report in plain values (JSON-ready: every string valid UTF-8)."""
-        plain: dict[str, Any] = safe_text.json_safe({
+        plain: dict[str, Any] = safe_text.json_safe({  # tuples become lists
             "source": self.source,
             "best": self.best,
             "total_metric_calls": self.total_metric_calls,
-            "candidates": [
-                {"index": c.index, "score": c.score, "metric_calls": c.metric_calls, "parents": list(c.parents),
-                 "scores": dict(c.scores), "texts": dict(c.texts)}
-                for c in self.candidates
-            ],
+            "candidates": [asdict(candidate) for candidate in self.candidates],
             "named_scores": {name: {"seed": seed, "best": best} for name, (seed, best) in self.named_scores.items()},
             "diff": self.diff(),
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,
@@ -242,10 +224,10 @@ def report(run: dspy.GEPA | dspy.Module | GEPAResult) -> OptimizationReport:
 def _sources(run: Any) -> tuple[Any, RunRecord | None, str]:
     """(GEPA's results or None, the run's record or None, what ran) for what report() was given."""
     import dspy
+    from gepa.core.result import GEPAResult
 
-    if _is_gepa_results(run):
-        source = "optimize_anything" if _plain_gepa(run) else "dspy.GEPA"
-        return run, record_of(run), source
+    if all(hasattr(run, name) for name in ("candidates", "val_aggregate_scores", "discovery_eval_counts")):
+        return run, record_of(run), "optimize_anything" if isinstance(run, GEPAResult) else "dspy.GEPA"
     if isinstance(run, dspy.GEPA):
         if not hasattr(run, ATTRIBUTE):
             raise ValueError(
@@ -275,16 +257,6 @@ def _detailed(program: Any) -> Any:
             "(skynet_dspy.gepa() sets track_stats=True)"
         )
     return results
-
-
-def _is_gepa_results(value: Any) -> bool:
-    return all(hasattr(value, name) for name in ("candidates", "val_aggregate_scores", "discovery_eval_counts"))
-
-
-def _plain_gepa(results: Any) -> bool:
-    from gepa.core.result import GEPAResult
-
-    return isinstance(results, GEPAResult)
 
 
 def _candidates(results: Any) -> list[Candidate]:

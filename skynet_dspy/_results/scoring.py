@@ -1,14 +1,14 @@
-"""Scoring many cases with a loaded metric (`skynet-dspy score`): a thread pool of metric.score calls, the rows
-written as CSV or JSONL, and a summary of what failed.
+"""`skynet-dspy score`: a thread pool of metric.score calls, the rows written as CSV or JSONL, and a summary.
 
-Each call goes through metric.score, so it gets the isolation load_metric set up (worker processes by
-default, killed at the timeout); a failed call is a row with its failure kind, never a stopped run.
+Each call goes through metric.score, so it gets the isolation load_metric set up; a failed call is a row with
+its failure kind, never a stopped run. Every cell is made safe for where it goes (_core/safe_text.py).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -31,25 +31,18 @@ class Scored:
 
 
 def outputs_of(cases: Sequence[Any], output_fields: Sequence[str] | None) -> list[Any]:
-    """What each case gives score as its output: its own, or (without one) its expected values as the output.
-
-    `cases` are the contract check's Cases (input, expected, output, has_output). A ValueError names the first
-    case that has neither.
-    """
+    """Each case's output: its own, or its expected values as the output; a ValueError names a case with neither."""
     from .._dspy.translate import perfect_output
 
     outputs = []
     for number, case in enumerate(cases, 1):
-        if case.has_output:
-            outputs.append(case.output)
-            continue
-        perfect = perfect_output(case.expected, output_fields)
-        if perfect is None:
+        output = case.output if case.has_output else perfect_output(case.expected, output_fields)
+        if not case.has_output and output is None:
             raise ValueError(
                 f"case {number} has no 'output', and its expected values hold none of the output fields "
                 f"{', '.join(output_fields or [])}; give it an 'output' to score"
             )
-        outputs.append(perfect)
+        outputs.append(output)
     return outputs
 
 
@@ -61,92 +54,60 @@ def score_cases(
     progress: Callable[[int], None] | None = None,
     on_scored: Callable[[Scored], None] | None = None,
 ) -> list[Scored]:
-    """Score every case with `metric.score` from `threads` threads; the results in case order.
+    """Score every case from `threads` threads; the results in case order.
 
-    `on_scored(scored)` is called on the calling thread as each call finishes (in the order they finish), so
-    rows can be written as they come; `progress(1)` after each call. At most a few calls per thread are queued
-    at a time, so a file of a million cases does not become a million waiting tasks. A KeyboardInterrupt stops
-    the run at once: what `on_scored` was given is what was scored.
+    `on_scored` is called on this thread as each call finishes; at most 4 calls per thread are queued, so a
+    million cases never become a million tasks. A KeyboardInterrupt stops at once, not waiting for the calls.
     """
     outputs = outputs_of(cases, getattr(metric, "output_fields", None))
     results: list[Result | None] = [None] * len(cases)
 
     def one(index: int) -> int:
-        case = cases[index]
-        results[index] = metric.score(case.input, outputs[index], case.expected)
+        results[index] = metric.score(cases[index].input, outputs[index], cases[index].expected)
         if progress is not None:
             progress(1)
         return index
 
-    def done(index: int) -> None:
+    def scored(index: int) -> None:
         result = results[index]
         if on_scored is not None and result is not None:
             on_scored(Scored(index + 1, result))
 
-    if threads <= 1:
+    def finished(futures: set[Future[int]]) -> set[Future[int]]:
+        done, pending = wait(futures, return_when=FIRST_COMPLETED)
+        for future in done:
+            scored(future.result())
+        return pending
+
+    pending: set[Future[int]] = set()
+    if threads <= 1:  # on this thread, as the calls come
         for index in range(len(cases)):
-            done(one(index))
+            scored(one(index))
     else:
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
-        pending: set[Future[int]] = set()
         try:
             for index in range(len(cases)):
                 pending.add(pool.submit(one, index))
                 if len(pending) >= threads * 4:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        done(future.result())
+                    pending = finished(pending)
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    done(future.result())
-        except BaseException:  # a Ctrl-C: no waiting for the calls in progress (closing the metric ends them)
+                pending = finished(pending)
+        except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
     return [Scored(number, result) for number, result in enumerate(results, 1) if result is not None]
 
 
-# -- writing the rows ------------------------------------------------------------------------------------
-# Every cell is made safe for where it goes (_core/safe_text.py): CSV text cells a spreadsheet would evaluate
-# get a leading ', numbers stay numbers, a field with a line break is quoted (csv's \r\n line ends quote both
-# \r and \n); JSONL is valid UTF-8 with no raw control byte.
-
-
-def score_columns(scored: Sequence[Scored]) -> dict[str, str]:
-    """Named score → its CSV column (the bare name, or scores.NAME when the name is a fixed column)."""
-    names = dict.fromkeys(name for item in scored for name in (item.result.scores or {}))
-    return table.named(names, set(FIXED), "scores")
-
-
-def write_csv(stream: TextIO, scored: Sequence[Scored]) -> None:
-    """One CSV row per case: case, score, each named score, feedback, failure ("" when it worked), detail."""
-    named = score_columns(scored)
-    writer = csv.writer(stream)
-    writer.writerow(_csv_header(named))
-    for item in scored:
-        writer.writerow(_csv_row(item, named))
-
-
-def _csv_header(named: dict[str, str]) -> list[Any]:
-    return [safe_text.csv_cell(column) for column in ("case", "score", *named.values(), "feedback", "failure",
-                                                        "detail")]
-
-
 def _csv_row(item: Scored, named: dict[str, str]) -> list[Any]:
     result = item.result
     scores = result.scores or {}
     return [
-        item.case, repr(float(result.score)), *(_cell(scores.get(name)) for name in named),
+        item.case, repr(float(result.score)),
+        *("" if scores.get(name) is None else repr(float(scores[name])) for name in named),
         safe_text.csv_cell(result.feedback), str(result.failure) if result.failure is not None else "",
         safe_text.csv_cell(result.detail or ""),
     ]
-
-
-def write_jsonl(stream: TextIO, scored: Sequence[Scored]) -> None:
-    """One JSON object per line: case, score, scores, feedback, failure (null when it worked), detail."""
-    for item in scored:
-        stream.write(_json_line(item))
 
 
 def _json_line(item: Scored) -> str:
@@ -161,25 +122,22 @@ def _json_line(item: Scored) -> str:
     }) + "\n"
 
 
-def _cell(value: Any) -> str:
-    return "" if value is None else repr(float(value))
-
-
 class RowFile:
-    """The rows of a scoring run written to `path` as they come (`add`), each flushed, so an interrupted run
-    keeps every row scored so far; `finish` rewrites them in case order. CSV or JSONL by `kind`.
+    """The rows written as they come (`add`), each flushed: to `path` (CSV or JSONL by `kind`), or as JSONL to
+    standard output when `path` is None (in the order calls finish).
 
-    A CSV's header names the named scores seen so far: a row bringing a new one rewrites the file with the new
-    header (into a temporary file, then renamed over it, so an interrupt never leaves half a file).
+    `finish` rewrites the file in case order. A CSV row bringing a named score the header lacks rewrites the
+    file with the new header (a temporary file renamed over it, so an interrupt never leaves half a file).
     """
 
-    def __init__(self, path: Path, kind: str):
+    def __init__(self, path: Path | None, kind: str | None):
         self.path = path
-        self.kind = kind
+        self.kind = kind or "jsonl"
         self.rows: list[Scored] = []
         self._named: dict[str, str] = {}
-        self._handle: TextIO | None = None
-        self._rewrite(self.rows)
+        self._handle: TextIO | None = sys.stdout if path is None else None
+        if path is not None:
+            self._rewrite(self.rows)
 
     @property
     def count(self) -> int:
@@ -199,34 +157,36 @@ class RowFile:
 
     def finish(self) -> None:
         """Rewrite the rows in case order and close the file."""
-        self._rewrite(sorted(self.rows, key=lambda item: item.case))
+        if self.path is not None:
+            self._rewrite(sorted(self.rows, key=lambda item: item.case))
         self.close()
 
     def close(self) -> None:
-        if self._handle is not None:
+        if self._handle is not None and self.path is not None:
             self._handle.close()
-            self._handle = None
+        self._handle = None
 
     def _rewrite(self, rows: Sequence[Scored]) -> None:
+        assert self.path is not None
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        named = table.named(dict.fromkeys(name for item in rows for name in (item.result.scores or {})),
+                            set(FIXED), "scores")
         try:
             with open(temporary, "w", encoding="utf-8", newline="") as handle:
                 if self.kind == "csv":
-                    named = score_columns(rows)
-                    write_csv(handle, rows)
+                    writer = csv.writer(handle)
+                    writer.writerow([safe_text.csv_cell(column) for column in
+                                     ("case", "score", *named.values(), "feedback", "failure", "detail")])
+                    writer.writerows(_csv_row(item, named) for item in rows)
                 else:
-                    write_jsonl(handle, rows)
+                    handle.writelines(_json_line(item) for item in rows)
             self.close()
             os.replace(temporary, self.path)
         except BaseException:  # a Ctrl-C or a full disk while rewriting: the last whole file stays
             temporary.unlink(missing_ok=True)
             raise
-        if self.kind == "csv":
-            self._named = named
+        self._named = named
         self._handle = open(self.path, "a", encoding="utf-8", newline="")
-
-
-# -- the summary -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

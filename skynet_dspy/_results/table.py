@@ -1,14 +1,14 @@
-"""One row per scored example, in plain values, and the column layout every results table shares.
+"""One row per scored example, in plain values (no pandas), and the column layout every results table shares.
 
-An evaluation's (example, prediction, score) triples become Rows: the example's input fields, the program's
-output, the score, the feedback, the named scores, the failure kind and the measured run. Columns are named
-so none is ever lost to another: a name already taken gets its group's prefix (input.NAME, scores.NAME).
-No pandas here: the command line writes the same rows with the csv module.
+A column name already taken gets its group's prefix (input.NAME, scores.NAME), so no column is lost to another.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,19 +64,16 @@ def row_of(example: Any, prediction: Any, score: Any) -> Row:
     try:
         inputs, expected = translate.split_example(example)
     except Exception:  # not a dspy.Example with inputs marked: its fields, all as inputs
-        inputs, expected = _fields(example), None
-    if isinstance(score, Score) and score.has_output:  # the output the metric was given (output_fields, to_output)
-        return row_of_result(inputs, score.output, expected, score.result)
+        inputs, expected = dict(example.items()) if hasattr(example, "items") else {"example": example}, None
     try:
         output = translate.prediction_output(prediction)
     except Exception:
         output = prediction
-    if isinstance(score, Score):
-        return row_of_result(inputs, output, expected, score.result)
-    number = _number(score)
+    if isinstance(score, Score):  # the output the metric was given (output_fields, to_output), when kept
+        return row_of_result(inputs, score.output if score.has_output else output, expected, score.result)
     empty = translate.is_record(prediction) and not translate.fields_of(prediction)
     # dspy.Evaluate puts (dspy.Prediction(), failure_score) where the program raised: no metric call was made
-    return Row(inputs, None if empty else output, expected, number, "", {}, PROGRAM_ERROR if empty else "")
+    return Row(inputs, None if empty else output, expected, _number(score), "", {}, PROGRAM_ERROR if empty else "")
 
 
 def row_of_result(inputs: dict[str, Any], output: Any, expected: dict[str, Any] | None, result: Result) -> Row:
@@ -166,47 +163,28 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ScoreMeans:
-    """The mean score over some rows (None for none), and each named score's mean over the rows that have it.
-    Apart, so a named score called "score" never stands in for the score."""
+    """The mean score (None for no rows) and each named score's mean over the rows that have it, kept apart."""
 
     score: float | None
     named: dict[str, float]
 
 
 def score_means(rows: Sequence[Row | Result]) -> ScoreMeans:
-    """The means of the score and of each named score (failed calls included): one rule for the results
-    table, MLflow and `skynet-dspy score`'s summary."""
-    named: dict[str, float] = {}
-    for name in _union((row.scores or {}).keys() for row in rows):
-        found = [row.scores[name] for row in rows if row.scores and name in row.scores]
-        named[name] = math.fsum(found) / len(found)
-    score = math.fsum(float(row.score) for row in rows) / len(rows) if rows else None
-    return ScoreMeans(score, named)
+    """The means of the score and of each named score, failed calls included."""
+    named = {
+        name: statistics.fmean(row.scores[name] for row in rows if row.scores and name in row.scores)
+        for name in _union((row.scores or {}).keys() for row in rows)
+    }
+    return ScoreMeans(statistics.fmean(float(row.score) for row in rows) if rows else None, named)
 
 
 def failure_counts(rows: Sequence[Row | Result]) -> dict[str, int]:
     """How many rows (or Results) failed, by failure kind, in order of first appearance."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        if row.failure:  # "" / None when the call worked
-            kind = str(row.failure)
-            counts[kind] = counts.get(kind, 0) + 1
-    return counts
+    return dict(Counter(str(row.failure) for row in rows if row.failure))
 
 
 def _union(groups: Iterable[Iterable[str]]) -> list[str]:
-    seen: dict[str, None] = {}
-    for group in groups:
-        for name in group:
-            seen.setdefault(name, None)
-    return list(seen)
-
-
-def _fields(record: Any) -> dict[str, Any]:
-    try:
-        return dict(record.items())
-    except Exception:
-        return {"example": record}
+    return list(dict.fromkeys(itertools.chain.from_iterable(groups)))
 
 
 def _number(value: Any) -> float:

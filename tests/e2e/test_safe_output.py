@@ -53,7 +53,8 @@ metric = skynet_dspy.load_metric({str(metric)!r})
 evaluation = dspy.Evaluate(devset=devset, metric=metric, num_threads=1, display_progress=False)(Echo())
 metric.close()
 frame = skynet_dspy.results_frame(evaluation)
-frame
+display(frame)
+skynet_dspy.results_style(frame)
 '''
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
     monkeypatch.setenv("MPLBACKEND", "Agg")
@@ -62,12 +63,13 @@ frame
     NotebookClient(notebook, km=manager, timeout=180, allow_errors=False,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [output for output in notebook.cells[0].outputs if "text/html" in output.get("data", {})]
-    assert outputs, notebook.cells[0].outputs
-    html = outputs[0]["data"]["text/html"]
-    assert _live_tags(html) == set(), _live_tags(html)
-    for shown in ("&lt;img src=x onerror=alert(1)&gt;", "&lt;svg onload=alert(3)&gt;", "&lt;th&gt;field",
-                  "&lt;iframe src=javascript:alert(4)&gt;", "&lt;b onmouseover=alert(5)&gt;", "\\ud83d"):
-        assert shown in html, shown
+    assert len(outputs) == 2, notebook.cells[0].outputs  # the plain frame, and results_style(frame)
+    for output in outputs:
+        html = output["data"]["text/html"]
+        assert _live_tags(html) <= {"div"}, _live_tags(html)  # pandas wraps its own table in a div
+        for shown in ("&lt;img src=x onerror=alert(1)&gt;", "&lt;svg onload=alert(3)&gt;", "&lt;th&gt;field",
+                      "&lt;iframe src=javascript:alert(4)&gt;", "&lt;b onmouseover=alert(5)&gt;", "\\ud83d"):
+            assert shown in html, shown
     nbformat.writes(notebook).encode("utf-8")  # the notebook saves
 
 
@@ -159,7 +161,8 @@ def test_a_six_character_password_never_shows(tmp_path, monkeypatch, caplog):
                                                                                                for score in scores]
     texts += [str(contract), contract._repr_html_(), contract.to_json(), repr(contract)]
     frame = skynet_dspy.results_frame(evaluation)
-    texts += [frame._repr_html_(), frame.to_csv()]
+    texts += [frame._repr_html_(), repr(frame), frame.to_csv(), skynet_dspy.results_style(frame).to_html(),
+              skynet_dspy.results_csv(frame)]
     texts += [record.getMessage() for record in caplog.records] + [caplog.text]
     broken = write_metric(tmp_path, f'raise RuntimeError("cannot log in with {PASSWORD}")\n', name="broken.py")
     with pytest.raises(skynet_dspy.errors.MetricLoadError) as raised:

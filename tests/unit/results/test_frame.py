@@ -97,13 +97,13 @@ def test_to_csv_reads_back_with_numeric_columns(evaluation):
 
 def test_in_jupyter_failed_rows_and_low_scores_stand_out(evaluation):
     frame = skynet_dspy.results_frame(evaluation)
-    html = frame._repr_html_()
+    assert type(frame) is pd.DataFrame  # a plain DataFrame; results_style() colours it
+    html = skynet_dspy.results_style(frame).to_html()
     assert "5 example(s), 3 failed" in html
     assert html.count("background-color: #ffebe9") >= 1  # failed rows tinted
     assert "rgb(248, 215, 218)" in html  # the lowest score shaded red
     failed = frame[frame["failure"] != ""]
-    assert isinstance(failed, pd.DataFrame) and type(failed) is type(frame)  # slices render the same way
-    assert "3 example(s), 3 failed" in failed._repr_html_()
+    assert "3 example(s), 3 failed" in skynet_dspy.results_style(failed).to_html()  # slices render the same way
 
 
 def test_a_name_already_taken_gets_its_group_prefix(tmp_path):

@@ -4,11 +4,12 @@ Measurement (reward(), observation(), service_cost()) needs most of them, and on
 helpers. DSPy's public seams were weighed first, and serve none of its needs:
 
 - `dspy.settings.callbacks` (on_module_start/end, on_lm_start/end): DSPy's callback machinery runs
-  `inspect.getcallargs` on every module, LM and adapter call once one callback is set. `make bench` row 5
-  (3,000 Predict calls, best of 3 fresh processes, loaded 2-core machine): DSPy alone 642 µs per call, one
-  no-op callback 982 µs (1.53x), a reward() metric measuring through the wrappers below 612 µs (within noise of
-  DSPy alone). on_lm_end gets the LM's outputs, not the call's CallResult (cost, cache hit, usage), and a
-  program that calls LiteLLM directly (plain GEPA's run()) is never seen by a callback.
+  `inspect.getcallargs` on every module, LM and adapter call once one callback is set. `make bench` row 5 (3,000
+  Predict calls on DummyLM, best of 3 fresh processes, 2 cores): DSPy alone 642 µs per call, one no-op callback
+  982 µs (1.53x), a reward() metric measuring through the wrappers below 612 µs; again on 2 Dec 2026 at load 8-11:
+  700 µs, 1,231 µs (1.76x), 909 µs (1.30x). A no-op callback costs more than all of measurement. on_lm_end gets
+  the LM's outputs, not the call's CallResult (cost, cache hit), and a program calling LiteLLM directly (plain
+  GEPA's run()) is never seen by a callback.
 - `track_usage` / `Prediction.get_lm_usage()`: tokens per model only: no cost, no latency, cache hits left out
   (so a cached run could not be measured as the run it replays), and only on a returned dspy.Prediction.
 

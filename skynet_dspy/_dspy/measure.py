@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core import context
-from .._core.types import Observation, Usage
+from .._core.types import Observation
 from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
 from .._judge import response_usage
 from .._judge.spend import SpendCap
@@ -70,6 +70,22 @@ def program_caps(cap: SpendCap | None) -> Iterator[None]:
         _caps.reset(token)
 
 
+@dataclass(slots=True)
+class _Tally:
+    """Model calls, their tokens, and the cost of those priced."""
+
+    calls: int = 0
+    prompt: int = 0
+    completion: int = 0
+    cost: float = 0.0
+
+    def add(self, figures: CallFigures) -> None:
+        self.calls += figures.calls
+        self.prompt += figures.prompt_tokens
+        self.completion += figures.completion_tokens
+        self.cost += figures.cost_usd or 0.0
+
+
 class _Run:
     """Figures of one run, added to from every thread it uses. Its time is the program's own work plus its model
     calls' latencies, each as first made (a cache hit replays it: replay.py), steadied by kind (steady.py)."""
@@ -83,8 +99,8 @@ class _Run:
         self.program = program  # what ran, whose own work keeps its anchor
         self.caps = _scoped_caps()
         self.lock = threading.Lock()
-        self.total = Usage()
-        self.cached = Usage()
+        self.total = _Tally()
+        self.cached = _Tally()  # of the total, the calls answered from a cache
         self.unpriced: list[str] = []
         self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
         self.kinds: list[tuple[Any, float]] = []  # each call's kind and latency as first made
@@ -92,13 +108,12 @@ class _Run:
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
         kind = _kind(model, figures)
         anchors.steady(kind, figures.latency_ms)  # moves the kind's anchor down when due
-        used = Usage(figures.calls, figures.prompt_tokens, figures.completion_tokens, figures.cost_usd or 0.0)
         with self.lock:
             self.kinds.append((kind, figures.latency_ms))
             self.spans.append(span)
-            self.total += used
+            self.total.add(figures)
             if cached:
-                self.cached += used
+                self.cached.add(figures)
             if figures.cost_usd is None:
                 reason = figures.unpriced or "a model call reported no cost"
                 if reason not in self.unpriced:
@@ -120,15 +135,15 @@ class _Run:
             total, cached = self.total, self.cached
             return Observation(
                 run_ms=own_ms + model_ms,
-                cost_usd=None if self.unpriced else total.cost_usd,
+                cost_usd=None if self.unpriced else total.cost,
                 model_calls=total.calls,
-                prompt_tokens=total.prompt_tokens,
-                completion_tokens=total.completion_tokens,
+                prompt_tokens=total.prompt,
+                completion_tokens=total.completion,
                 cost_unknown_reason="; ".join(self.unpriced) or None,
                 cached_calls=cached.calls,
-                cached_prompt_tokens=cached.prompt_tokens,
-                cached_completion_tokens=cached.completion_tokens,
-                cached_cost_usd=cached.cost_usd or 0.0,
+                cached_prompt_tokens=cached.prompt,
+                cached_completion_tokens=cached.completion,
+                cached_cost_usd=cached.cost,
             )
 
 

@@ -1,22 +1,31 @@
-"""Every use of DSPy's, LiteLLM's or GEPA's private API in the package, in one place.
+"""Every use of DSPy's, LiteLLM's or GEPA's private API in the package, in one place, each with its version check.
 
-Measurement (reward(), observation(), service_cost()) needs most of them, and only for a metric that
-uses those helpers: a program run is timed around dspy.Module's call, and its model calls are counted
-where they execute. The optimization report reads a dspy.LM's history; plain GEPA keeps results that were
-never run out of GEPA's cache. The one LiteLLM field the judge reads is in _judge/litellm_private.py (the
-judge layer cannot import this module). Each hook names the version it was checked against; `problems()`
-says, in words, which of them an installed DSPy, LiteLLM or GEPA no longer offers, those of
-_judge/litellm_private.py included (tests/unit/dspy/test_hooks.py fails on it).
+Measurement (reward(), observation(), service_cost()) needs most of them, and only for a metric that uses those
+helpers. DSPy's public seams were weighed first, and serve none of its needs:
+
+- `dspy.settings.callbacks` (on_module_start/end, on_lm_start/end): DSPy's callback machinery runs
+  `inspect.getcallargs` on every module, LM and adapter call once one callback is set. `make bench` row 5 (3,000
+  Predict calls on DummyLM, best of 3 fresh processes, 2 cores): DSPy alone 642 µs per call, one no-op callback
+  982 µs (1.53x), a reward() metric measuring through the wrappers below 612 µs; again on 2 Dec 2026 at load 8-11:
+  700 µs, 1,231 µs (1.76x), 909 µs (1.30x). A no-op callback costs more than all of measurement. on_lm_end gets
+  the LM's outputs, not the call's CallResult (cost, cache hit), and a program calling LiteLLM directly (plain
+  GEPA's run()) is never seen by a callback.
+- `track_usage` / `Prediction.get_lm_usage()`: tokens per model only: no cost, no latency, cache hits left out
+  (so a cached run could not be measured as the run it replays), and only on a returned dspy.Prediction.
+
+So: a run is timed around dspy.Module's call, and its model calls are counted where they execute (DSPy's
+execute(), LiteLLM's entry points). `problems()` says in words which private API an installed DSPy, LiteLLM or
+GEPA no longer offers, _judge/litellm_private.py's included (tests/unit/dspy/test_hooks.py fails on it).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 DSPY_CHECKED = "3.4.1"
@@ -28,114 +37,72 @@ LITELLM_SYNC = ("completion", "text_completion", "responses")
 LITELLM_ASYNC = ("acompletion", "atext_completion", "aresponses")
 # The CallResult fields measurement reads (dspy/clients/call_result.py).
 CALL_RESULT_FIELDS = ("responses", "usage", "cost", "cost_details", "cache_hit", "response_model")
+# DSPy's bookkeeping inside execute() (its engine, cache lookup and store, pricing), timed apart from the model's
+# latency: the first store opens DSPy's disk cache (about a second), the first pricing loads a price list.
+PRICING = ("_engine", "_cached", "_store", "_price_result", "_price_legacy")
 
+Wrap = Callable[[Callable[..., Any], bool], Callable[..., Any]]
 _lock = threading.Lock()
 
 
-# -- DSPy's module calls (checked against dspy 3.4.1) ------------------------------------------------
+def _replace(owner: Any, name: str, wrapped_of: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Set `owner.name` to wrapped_of(original), once (a wrapper is marked, and never wrapped again)."""
+    original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if callable(original) and not getattr(original, "_skynet_wrapped", False):
+        wrapped = functools.wraps(original)(wrapped_of(original))
+        wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapped)
 
 
-def wrap_module_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
-    """Replace dspy.Module.__call__ / acall with `wrap(original, asynchronous)`, to time each program run.
+def _wrap_calls(owner: Any, wrap: Wrap, names: tuple[tuple[str, bool], ...]) -> None:
+    for name, asynchronous in names:
+        _replace(owner, name, functools.partial(_call_wrap, wrap, asynchronous))
 
-    Private: DSPy's public way to see a run, a callback, sends every module call (Predict's LM and adapter
-    calls included) through inspect.getcallargs. Measured again side by side (`make bench`, row 5, 3,000
-    calls, best of 3 fresh processes, a loaded 2-core machine): DSPy alone 642 µs per Predict call, with
-    one no-op callback 982 µs (1.53x), with a reward() metric measuring through this wrapper 612 µs
-    (within the run's noise of DSPy alone). The callbacks would cost more than all of measurement.
+
+def _call_wrap(wrap: Wrap, asynchronous: bool, original: Callable[..., Any]) -> Callable[..., Any]:
+    return wrap(original, asynchronous)
+
+
+_MODULE_CALLS = (("__call__", False), ("acall", True))
+
+
+# -- DSPy's module calls and Evaluate (checked against dspy 3.4.1) ------------------------------------------
+
+
+def wrap_module_calls(wrap: Wrap) -> None:
+    """Replace `__call__` / `acall` of dspy.Module and of every subclass defining its own (now and when defined
+    later, through a subclass hook: ProgramMeta defines no __init_subclass__) with `wrap(original, asynchronous)`.
+
+    A program whose class overrides __call__ (DSPy's facility-support tutorial) is a run Module.__call__ never sees.
     """
     import dspy
-
-    for name, asynchronous in (("__call__", False), ("acall", True)):
-        original = dspy.Module.__dict__.get(name)
-        if callable(original) and not getattr(original, "_skynet_wrapped", False):
-            wrapped = functools.wraps(original)(wrap(original, asynchronous))
-            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
-            setattr(dspy.Module, name, wrapped)
-
-
-def wrap_overridden_calls(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
-    """Also wrap `__call__` / `acall` of every dspy.Module subclass that defines its own, now and when defined later.
-
-    DSPy's tutorials write programs whose class overrides __call__ (the facility-support analyzer) and returns
-    a new dspy.Prediction: Module.__call__ never sees that run, only its sub-modules' calls. Private: a
-    subclass hook set on dspy.Module (ProgramMeta creates the classes; dspy 3.4.1 defines no __init_subclass__).
-    """
-    import dspy
-
-    def wrap_class(cls: type) -> None:
-        for name, asynchronous in (("__call__", False), ("acall", True)):
-            original = cls.__dict__.get(name)
-            if callable(original) and not getattr(original, "_skynet_wrapped", False):
-                wrapped = functools.wraps(original)(wrap(original, asynchronous))
-                wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
-                setattr(cls, name, wrapped)
 
     with _lock:
+        _wrap_calls(dspy.Module, wrap, _MODULE_CALLS)
         current = dspy.Module.__dict__.get("__init_subclass__")
         if not getattr(getattr(current, "__func__", None), "_skynet_wrapped", False):
+
             def init_subclass(cls: type, **kwargs: Any) -> None:
                 if current is not None:
                     current.__func__(cls, **kwargs)
                 else:
                     super(dspy.Module, cls).__init_subclass__(**kwargs)
-                wrap_class(cls)
+                _wrap_calls(cls, wrap, _MODULE_CALLS)
 
             init_subclass._skynet_wrapped = True  # type: ignore[attr-defined]
             dspy.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[arg-type]
-        seen: set[type] = set()
         stack = list(dspy.Module.__subclasses__())
         while stack:
             cls = stack.pop()
-            if cls not in seen:
-                seen.add(cls)
-                wrap_class(cls)
-                stack.extend(cls.__subclasses__())
+            _wrap_calls(cls, wrap, _MODULE_CALLS)
+            stack.extend(cls.__subclasses__())
 
 
-def wrap_evaluate_programs(measured: Callable[[Any], Any]) -> None:
-    """Make dspy.Evaluate call `measured(program)` instead of `program`, so a plain function passed as the
-    program is measured too (a dspy.Module is measured by its own call; `measured` returns it unchanged).
-
-    Evaluate.__call__(program, ...) is public; replacing it on the class is not (checked against dspy 3.4.1).
-    """
+def wrap_evaluate(wrapped_of: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace dspy.Evaluate.__call__(self, program, metric=None, ...) (public) on the class (not public)."""
     import dspy
 
-    original = dspy.Evaluate.__dict__.get("__call__")
-    if not callable(original) or getattr(original, "_skynet_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if args:
-            args = (measured(args[0]), *args[1:])
-        elif kwargs.get("program") is not None:
-            kwargs["program"] = measured(kwargs["program"])
-        return original(self, *args, **kwargs)
-
-    evaluate._skynet_wrapped = True  # type: ignore[attr-defined]
-    dspy.Evaluate.__call__ = evaluate
-
-
-def wrap_evaluate_runs(run_of: Callable[[Any], AbstractContextManager[Any]]) -> None:
-    """Run each dspy.Evaluate call inside `run_of(metric)`, its metric (the summary said at the end of a run).
-
-    Evaluate.__call__(program, metric=None, ...) and Evaluate.metric are public; replacing __call__ on the class is
-    not (checked against dspy 3.4.1).
-    """
-    import dspy
-
-    original = dspy.Evaluate.__dict__.get("__call__")
-    if not callable(original) or getattr(original, "_skynet_runs", False):
-        return
-
-    @functools.wraps(original)
-    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with run_of(kwargs.get("metric") or getattr(self, "metric", None)):
-            return original(self, *args, **kwargs)
-
-    evaluate._skynet_runs = True  # type: ignore[attr-defined]
-    dspy.Evaluate.__call__ = evaluate
+    _replace(dspy.Evaluate, "__call__", wrapped_of)
 
 
 def module_calls_wrapped() -> bool:
@@ -146,79 +113,50 @@ def module_calls_wrapped() -> bool:
 
 
 def inside_a_module() -> bool:
-    """Whether the code running now runs inside a dspy.Module call (DSPy's `caller_modules` setting, which
-    Module.__call__ sets and DSPy carries into the threads it starts)."""
+    """Whether code runs inside a dspy.Module call (the `caller_modules` setting DSPy carries into its threads)."""
     import dspy
 
     return bool(dspy.settings.get("caller_modules"))
 
 
-# -- DSPy's LM execution (checked against dspy 3.4.1) ------------------------------------------------
+# -- DSPy's LM execution (checked against dspy 3.4.1) --------------------------------------------------------
 
 
-def wrap_dspy_execution(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> bool:
-    """Replace dspy.clients.execution.execute / aexecute with `wrap(original, asynchronous)`.
+def wrap_dspy_execution(wrap: Wrap) -> bool:
+    """Replace dspy.clients.execution.execute / aexecute with `wrap(original, asynchronous)`; False without them.
 
-    Private, and the only place every LM call of a program passes through: DSPy 3.4's native engine
-    (openai/*, anthropic/*, ...) never reaches LiteLLM. LM.forward imports these at call time, so the
-    module attribute is what it calls. False when this DSPy has no such module (LiteLLM hooks still count).
+    Every LM call of a program passes there (DSPy 3.4's native engines never reach LiteLLM); LM.forward imports
+    them at call time, so the module attribute is what it calls.
     """
     try:
         from dspy.clients import execution
     except ImportError:
         return False
-    for name, asynchronous in (("execute", False), ("aexecute", True)):
-        original = getattr(execution, name, None)
-        if callable(original) and not getattr(original, "_skynet_wrapped", False):
-            wrapped = wrap(original, asynchronous)
-            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
-            setattr(execution, name, wrapped)
+    _wrap_calls(execution, wrap, (("execute", False), ("aexecute", True)))
     return True
 
 
-# DSPy's bookkeeping around a model call: choosing (and first building) its engine, its cache lookup and store,
-# and its pricing. Not the model's latency:
-# the first store of a process opens DSPy's disk cache (about a second), the first pricing loads a price list.
-PRICING = ("_engine", "_cached", "_store", "_price_result", "_price_legacy")
-
-
 def wrap_dspy_pricing(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace dspy.clients.execution's cache and pricing steps with `wrap(original)`, to time them apart.
-
-    Private (dspy 3.4.1): execute() looks the call up in DSPy's cache, stores it there and prices it; the first
-    store of a process opens the disk cache and the first pricing loads DSPy's model metadata, which would
-    otherwise count as the first call's latency.
-    """
+    """Replace execute()'s engine, cache and pricing steps (PRICING) with `wrap(original)`, to time them apart."""
     try:
         from dspy.clients import execution
     except ImportError:
         return
     for name in PRICING:
-        original = getattr(execution, name, None)
-        if callable(original) and not getattr(original, "_skynet_wrapped", False):
-            wrapped = functools.wraps(original)(wrap(original))
-            wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
-            setattr(execution, name, wrapped)
+        _replace(execution, name, wrap)
 
 
 def warm_dspy_pricing() -> None:
-    """Load DSPy's model price list now, not inside a measured run's first model call (private, dspy 3.4.1:
-    dspy.clients.model_metadata._load). Its JSON parse holds the GIL for about 80 ms, which would slow every
-    other thread's calls in a parallel first run. With LITELLM_LOCAL_MODEL_COST_MAP=True it reads the bundled
-    copy at once; otherwise DSPy may fetch the list (up to 5 s), so it loads on a background thread."""
-    import os
-
+    """Load DSPy's price list (dspy.clients.model_metadata._load) now, not inside a measured run's first call,
+    where its 80 ms JSON parse would hold the GIL; on a thread unless LITELLM_LOCAL_MODEL_COST_MAP (a download)."""
     try:
-        from dspy.clients import model_metadata
+        from dspy.clients.model_metadata import _load
     except ImportError:
-        return
-    load = getattr(model_metadata, "_load", None)
-    if not callable(load):
         return
 
     def warm() -> None:
         try:
-            load()
+            _load()
         except Exception:  # the first model call will say what is wrong
             pass
 
@@ -229,8 +167,8 @@ def warm_dspy_pricing() -> None:
 
 
 def dspy_call_cache(args: tuple[Any, ...], asynchronous: bool) -> tuple[str | None, str | None]:
-    """(DSPy's cache key of an execute(lm, call) call, DSPy's disk cache folder), or (None, None) when the call
-    does not use DSPy's cache. Private: PreparedCall.key() and IGNORED_CACHE_KEYS (dspy/clients/execution.py)."""
+    """(DSPy's cache key of execute(lm, call), its disk cache folder), or (None, None) when not cached
+    (PreparedCall.key() and IGNORED_CACHE_KEYS)."""
     if len(args) < 2 or not getattr(args[1], "cache", False):
         return None, None
     try:
@@ -241,12 +179,11 @@ def dspy_call_cache(args: tuple[Any, ...], asynchronous: bool) -> tuple[str | No
     except Exception:  # a call shape this DSPy does not have: not replayable, measured as made
         return None, None
     cache = dspy.cache
-    folder = cache.disk_cache_dir if getattr(cache, "enable_disk_cache", False) else None
-    return key, folder
+    return key, cache.disk_cache_dir if getattr(cache, "enable_disk_cache", False) else None
 
 
 def call_result_figures(result: Any) -> dict[str, Any]:
-    """What one DSPy LM execution used: calls, usage, cost, why it is unpriced, cache hit (CallResult, dspy 3.4.1)."""
+    """What one DSPy LM execution used, from its CallResult: calls, usage, cost, why unpriced, cache hit, model."""
     details = getattr(result, "cost_details", None)
     return {
         "cache_hit": bool(getattr(result, "cache_hit", False)),
@@ -258,44 +195,48 @@ def call_result_figures(result: Any) -> dict[str, Any]:
     }
 
 
-# -- LiteLLM's entry points (checked against litellm 1.110.2) --------------------------------------
+def history_entry_figures(entry: Any) -> dict[str, Any]:
+    """One dspy.LM `history` entry's cache hit, usage and cost: the keys are public, the cache hit is only the
+    `cache_hit` attribute DSPy sets on the response it keeps (dspy/clients/base_lm.py)."""
+    if not isinstance(entry, dict):
+        return {"cache_hit": False, "usage": {}, "cost": None}
+    return {
+        "cache_hit": bool(getattr(entry.get("response"), "cache_hit", False)),
+        "usage": entry.get("usage") or {},
+        "cost": entry.get("cost"),
+    }
 
 
-def wrap_litellm(wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
-    """Replace LiteLLM's completion functions with `wrap(original, asynchronous)`, now or when LiteLLM is imported.
+# -- LiteLLM's entry points (checked against litellm 1.110.2) ----------------------------------------------
 
-    LiteLLM takes seconds to import, so it is never imported just to be wrapped: an import hook wraps it
-    the moment the user's code imports it (which also catches `from litellm import completion`).
-    """
+
+def wrap_litellm(wrap: Wrap) -> None:
+    """Replace LiteLLM's completion functions with `wrap(original, asynchronous)`, now or when LiteLLM is imported
+    (seconds to import: an import hook wraps it as the user imports it, `from litellm import completion` too)."""
     module = sys.modules.get("litellm")
     if module is not None:
-        _wrap_module(module, wrap)
+        _wrap_litellm_module(module, wrap)
         return
     with _lock:
         if not any(isinstance(finder, _LiteLLMImportHook) for finder in sys.meta_path):
             sys.meta_path.insert(0, _LiteLLMImportHook(wrap))
 
 
-def _wrap_module(module: Any, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> None:
-    for names, asynchronous in ((LITELLM_SYNC, False), (LITELLM_ASYNC, True)):
-        for name in names:
-            original = getattr(module, name, None)
-            if callable(original) and not getattr(original, "_skynet_wrapped", False):
-                wrapped = functools.wraps(original)(wrap(original, asynchronous))
-                wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
-                setattr(module, name, wrapped)
+def _wrap_litellm_module(module: Any, wrap: Wrap) -> None:
+    _wrap_calls(module, wrap, tuple((name, False) for name in LITELLM_SYNC)
+                + tuple((name, True) for name in LITELLM_ASYNC))
 
 
 def litellm_cache_hit(response: Any) -> bool:
-    """Whether LiteLLM answered `response` from its cache (the "cache_hit" it notes in `_hidden_params`)."""
+    """Whether LiteLLM answered `response` from its cache (the "cache_hit" of its `_hidden_params`)."""
     hidden = getattr(response, "_hidden_params", None)
     return bool(hidden.get("cache_hit")) if isinstance(hidden, dict) else False
 
 
 class _LiteLLMImportHook:
-    """A sys.meta_path finder that wraps LiteLLM's entry points right after LiteLLM's own module runs."""
+    """A sys.meta_path finder wrapping LiteLLM's entry points right after LiteLLM's own module runs."""
 
-    def __init__(self, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]):
+    def __init__(self, wrap: Wrap):
         self._wrap = wrap
         self._busy = threading.local()
 
@@ -313,15 +254,12 @@ class _LiteLLMImportHook:
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return None
-        hook, wrap = self, self._wrap
 
         def exec_and_wrap(module: Any) -> None:
             exec_module(module)
-            _wrap_module(module, wrap)
-            try:
-                sys.meta_path.remove(hook)
-            except ValueError:
-                pass
+            _wrap_litellm_module(module, self._wrap)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
 
         try:
             loader.exec_module = exec_and_wrap  # our own spec's loader object, made for this import
@@ -330,133 +268,92 @@ class _LiteLLMImportHook:
         return spec
 
 
-# -- a dspy.LM's history (checked against dspy 3.4.1) ------------------------------------------------
+# -- GEPA's optimize_anything adapter (checked against gepa 0.1.4) -----------------------------------------
 
-
-def history_entry_figures(entry: Any) -> dict[str, Any]:
-    """What one entry of a dspy.LM's `history` used: cache hit, usage, cost (dspy/clients/base_lm.py).
-
-    `history`, its "usage" and "cost" keys are public; whether the call was a cache hit is only on the
-    LiteLLM response DSPy keeps, as the `cache_hit` attribute DSPy sets (a hit keeps the first call's cost).
-    """
-    if not isinstance(entry, dict):
-        return {"cache_hit": False, "usage": {}, "cost": None}
-    return {
-        "cache_hit": bool(getattr(entry.get("response"), "cache_hit", False)),
-        "usage": entry.get("usage") or {},
-        "cost": entry.get("cost"),
-    }
-
-
-# -- GEPA's optimize_anything adapter (checked against gepa 0.1.4) -----------------------------------
-
-# The side-info key GEPA's own adapter sets on results it must not keep in its evaluation cache.
 _NOT_CACHED_KEY = "_gepa_transient_failure"
 
 
 def keep_out_of_gepas_cache(side_info: dict[str, Any]) -> dict[str, Any]:
-    """`side_info` marked so GEPA's evaluation cache does not keep the result (a call that was never run).
-
-    Private: gepa 0.1.4's OptimizeAnythingAdapter skips caching results whose side info holds
-    "_gepa_transient_failure" (set by GEPA itself for a batch that raised); there is no public way.
-    """
+    """`side_info` marked so GEPA's evaluation cache does not keep it (a call never run): the adapter skips results
+    whose side info holds the key GEPA sets for a batch that raised; there is no public way."""
     return {**side_info, _NOT_CACHED_KEY: True}
 
 
-# -- what an upgrade broke ----------------------------------------------------------------------------
+# -- what an upgrade broke -----------------------------------------------------------------------------------
 
 
 def problems() -> list[str]:
-    """One sentence per private API above that the installed DSPy / LiteLLM no longer offer (empty: all fine)."""
+    """One sentence per private API above that the installed DSPy / LiteLLM / GEPA no longer offer (empty: fine)."""
     import dspy
 
     from .._judge import litellm_private
 
-    where = f"dspy {dspy.__version__} (hooks checked against {DSPY_CHECKED})"
-    found: list[str] = []
-    checks = (("wrap_module_calls", _module_problems), ("inside_a_module", _settings_problems),
-              ("warm_dspy_pricing", _metadata_problems), ("wrap_dspy_execution", _execution_problems),
-              ("call_result_figures", _call_result_problems), ("history_entry_figures", _history_problems))
-    for hook, check in checks:
-        try:
-            found.extend(check(where))
-        except Exception as exc:  # the module or class the check reads is gone
-            found.append(f"{hook}: {where}: what it reads is gone ({exc})")
-    found.extend(_litellm_problems())
-    found.extend(_gepa_problems())
-    found.extend(litellm_private.problems())
+    found = _gone(f"dspy {dspy.__version__} (hooks checked against {DSPY_CHECKED})", _DSPY_APIS, _dspy_changes)
+    try:
+        import litellm  # noqa: F401
+    except ImportError as exc:
+        found.append(f"wrap_litellm: litellm cannot be imported ({exc})")
+    else:
+        where = f"litellm {_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
+        found += _gone(where, {"wrap_litellm": [f"litellm:{name}" for name in (*LITELLM_SYNC, *LITELLM_ASYNC)]})
+    return found + _gepa_problems() + litellm_private.problems()
+
+
+_DSPY_APIS = {
+    "wrap_module_calls": ["dspy:Module.__call__", "dspy:Module.acall"],
+    "wrap_evaluate": ["dspy:Evaluate.__call__"],
+    "warm_dspy_pricing": ["dspy.clients.model_metadata:_load"],
+    "wrap_dspy_execution": [f"dspy.clients.execution:{name}" for name in ("execute", "aexecute", *PRICING)],
+    "dspy_call_cache": ["dspy.clients.execution:PreparedCall.key", "dspy.clients.execution:IGNORED_CACHE_KEYS"],
+}
+
+
+def _find(path: str) -> Any:
+    """The object at "module:attr.attr" (a class's own attribute, not an inherited one), or None."""
+    module, _, names = path.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+    except ImportError:
+        return None
+    for name in names.split("."):
+        found = vars(found).get(name) if isinstance(found, type) else getattr(found, name, None)
     return found
 
 
-def _module_problems(where: str) -> list[str]:
-    import dspy
-
-    found = [f"wrap_module_calls: {where}: dspy.Module.{name} is gone"
-             for name in ("__call__", "acall") if not callable(dspy.Module.__dict__.get(name))]
-    own = dspy.Module.__dict__.get("__init_subclass__")
-    if own is not None and not getattr(getattr(own, "__func__", None), "_skynet_wrapped", False):
-        found.append(f"wrap_overridden_calls: {where}: dspy.Module defines its own __init_subclass__")
-    if not callable(dspy.Evaluate.__dict__.get("__call__")):
-        found.append(f"wrap_evaluate_programs: {where}: dspy.Evaluate.__call__ is gone")
+def _gone(where: str, apis: dict[str, list[str]], changes: Callable[[], list[tuple[str, str]]] | None = None
+          ) -> list[str]:
+    found = [f"{hook}: {where}: {path.replace(':', '.')} is gone" for hook, paths in apis.items() for path in paths
+             if _find(path) is None]
+    try:
+        found += [f"{hook}: {where}: {what}" for hook, what in (changes() if changes else [])]
+    except Exception as exc:  # the module or class a check reads is gone
+        found.append(f"hooks: {where}: what they read is gone ({exc})")
     return found
 
 
-def _settings_problems(where: str) -> list[str]:
-    from dspy.dsp.utils.settings import DEFAULT_CONFIG
-
-    if "caller_modules" in DEFAULT_CONFIG:
-        return []
-    return [f"inside_a_module: {where}: the caller_modules setting is gone"]
-
-
-def _metadata_problems(where: str) -> list[str]:
-    from dspy.clients import model_metadata
-
-    if callable(getattr(model_metadata, "_load", None)):
-        return []
-    return [f"warm_dspy_pricing: {where}: dspy.clients.model_metadata._load is gone"]
-
-
-def _execution_problems(where: str) -> list[str]:
-    from dspy.clients import execution
-
-    found = [f"wrap_dspy_execution: {where}: dspy.clients.execution.{name} is gone"
-             for name in ("execute", "aexecute", *PRICING) if not callable(getattr(execution, name, None))]
-    if not isinstance(getattr(execution, "IGNORED_CACHE_KEYS", None), list) or not callable(
-        getattr(getattr(execution, "PreparedCall", None), "key", None)
-    ):
-        found.append(f"dspy_call_cache: {where}: PreparedCall.key or IGNORED_CACHE_KEYS is gone")
-    return found
-
-
-def _call_result_problems(where: str) -> list[str]:
+def _dspy_changes() -> list[tuple[str, str]]:
+    """What changed in DSPy's private API that is still there."""
     import dataclasses
-
-    from dspy.clients.call_result import CallResult
-
-    names = {f.name for f in dataclasses.fields(CallResult)}
-    return [f"call_result_figures: {where}: CallResult has no field {name!r}"
-            for name in CALL_RESULT_FIELDS if name not in names]
-
-
-def _history_problems(where: str) -> list[str]:
     import inspect
 
+    import dspy
     from dspy.clients.base_lm import BaseLM
+    from dspy.clients.call_result import CallResult
+    from dspy.dsp.utils.settings import DEFAULT_CONFIG
 
+    found = []
+    own = dspy.Module.__dict__.get("__init_subclass__")
+    if own is not None and not getattr(getattr(own, "__func__", None), "_skynet_wrapped", False):
+        found.append(("wrap_module_calls", "dspy.Module defines its own __init_subclass__"))
+    if "caller_modules" not in DEFAULT_CONFIG:
+        found.append(("inside_a_module", "the caller_modules setting is gone"))
+    names = {f.name for f in dataclasses.fields(CallResult)}
+    found += [("call_result_figures", f"CallResult has no field {name!r}") for name in CALL_RESULT_FIELDS
+              if name not in names]
     recorded = inspect.getsource(BaseLM._record_response)
-    return [f"history_entry_figures: {where}: BaseLM._record_response no longer records {name}"
-            for name in ('"usage"', '"cost"', "cache_hit") if name not in recorded]
-
-
-def _litellm_problems() -> list[str]:
-    try:
-        import litellm
-    except ImportError as exc:
-        return [f"wrap_litellm: litellm cannot be imported ({exc})"]
-    where = f"litellm {_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
-    return [f"wrap_litellm: {where}: litellm.{name} is gone"
-            for name in (*LITELLM_SYNC, *LITELLM_ASYNC) if not callable(getattr(litellm, name, None))]
+    found += [("history_entry_figures", f"BaseLM._record_response no longer records {name}")
+              for name in ('"usage"', '"cost"', "cache_hit") if name not in recorded]
+    return found
 
 
 def _gepa_problems() -> list[str]:

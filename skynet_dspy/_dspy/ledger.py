@@ -1,77 +1,61 @@
-"""Where finished program runs are filed, so the metric call that scores a prediction finds the run that made it.
-
-A run is filed under the object its program returned (held weakly when it can be), and as the last run of its
-thread/task, where the metric call that follows the program (dspy.Evaluate) finds it first.
-"""
+"""Where finished program runs are filed, so the metric call that scores a prediction finds the run that made it:
+under the object the program returned, and as the last run of its thread/task (which dspy.Evaluate's metric call
+that follows the program finds first)."""
 
 from __future__ import annotations
 
 import threading
 import weakref
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .._core.lru import LRU
 from .._core.types import Observation
 
-# The run that last finished in this thread/task, with the objects it returned: the metric call
-# that follows the program (dspy.Evaluate) finds it here first.
-_last: ContextVar[tuple[tuple[Any, ...], Observation] | None] = ContextVar("skynet_last_run", default=None)
+V = TypeVar("V")
 
 
-class _Ledger:
-    """Finished runs by the object their program returned, matched by identity, never by id alone.
+class ById(Generic[V]):
+    """Values by the object they describe, matched by identity and held weakly (an entry lives as long as its
+    object, and nothing is written into it); put() raises TypeError for an object that takes no weak reference."""
 
-    Objects that take weak references (dspy.Prediction) are held weakly, so entries die with their
-    predictions; others (tuples, strings) are held strongly, the most recent few only.
-    """
-
-    def __init__(self, strong_limit: int = 1024):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._weak: dict[int, tuple[weakref.ref[Any], Observation]] = {}
-        self._strong: LRU[int, tuple[Any, Observation]] = LRU(strong_limit)
-        self._sweep_at = 512
+        self._by_id: dict[int, tuple[weakref.ref[Any], V]] = {}
 
-    def put(self, obj: Any, observation: Observation) -> None:
-        key = id(obj)
-        try:
-            ref = weakref.ref(obj)
-        except TypeError:
-            self._strong.put(key, (obj, observation))
-            return
+    def put(self, target: Any, value: V) -> None:
+        key = id(target)
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            with self._lock:
+                if self._by_id.get(key, (None,))[0] is ref:
+                    del self._by_id[key]
+
+        ref = weakref.ref(target, forget)
         with self._lock:
-            self._weak[key] = (ref, observation)
-            if len(self._weak) >= self._sweep_at:
-                self._weak = {k: entry for k, entry in self._weak.items() if entry[0]() is not None}
-                self._sweep_at = max(512, 2 * len(self._weak))
+            self._by_id[key] = (ref, value)
 
-    def get(self, obj: Any) -> Observation | None:
-        key = id(obj)
-        with self._lock:
-            weak = self._weak.get(key)
-        if weak is not None and weak[0]() is obj:
-            return weak[1]
-        strong = self._strong.get(key)
-        if strong is not None and strong[0] is obj:
-            return strong[1]
-        return None
+    def get(self, target: Any) -> V | None:
+        entry = self._by_id.get(id(target))
+        return entry[1] if entry is not None and entry[0]() is target else None
 
 
-_ledger = _Ledger()
+_last: ContextVar[tuple[tuple[Any, ...], Observation] | None] = ContextVar("skynet_last_run", default=None)
+_weak: ById[Observation] = ById()
+_strong: LRU[int, tuple[Any, Observation]] = LRU(1024)  # tuples, strings: the most recent only
 
 
 def file(outputs: Any, observation: Observation) -> None:
     """File a finished run under what its program returned."""
-    # GEPA's trace capture makes forward return (prediction, trace): the metric gets the prediction.
-    # The ledger keeps only the prediction, not the tuple (nor the trace it holds).
-    if isinstance(outputs, tuple) and outputs:
-        keys: tuple[Any, ...] = (outputs, outputs[0])
-        filed = outputs[0]
-    else:
-        keys, filed = (outputs,), outputs
+    # GEPA's trace capture makes forward return (prediction, trace): the metric gets the prediction, which alone
+    # is filed (not the trace the tuple holds)
+    filed = outputs[0] if isinstance(outputs, tuple) and outputs else outputs
     if filed is not None:
-        _ledger.put(filed, observation)
-    _last.set((keys, observation))
+        try:
+            _weak.put(filed, observation)
+        except TypeError:
+            _strong.put(id(filed), (filed, observation))
+    _last.set(((outputs, filed), observation))
 
 
 NOT_FOUND = (
@@ -88,7 +72,8 @@ def observation_for(prediction: Any) -> tuple[Observation | None, str | None]:
     last = _last.get()
     if last is not None and any(key is prediction for key in last[0]):
         return last[1], None
-    found = _ledger.get(prediction)
-    if found is not None:
-        return found, None
-    return None, NOT_FOUND
+    found = _weak.get(prediction)
+    if found is None:
+        strong = _strong.get(id(prediction))
+        found = strong[1] if strong is not None and strong[0] is prediction else None
+    return (found, None) if found is not None else (None, NOT_FOUND)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -42,8 +42,7 @@ _NOT_MEASURED = (
 
 @dataclass(frozen=True, slots=True)
 class _MemoEntry:
-    """One scored (example, prediction). Holding both keeps their ids from being reused while the entry
-    lives; the field snapshots catch an example or prediction changed in place since it was scored."""
+    """One scored (example, prediction), held (so their ids are not reused) with snapshots of their fields."""
 
     gold: Any
     pred: Any
@@ -65,31 +64,6 @@ def _snapshot(record: Any) -> Any:
     if isinstance(record, (dspy.Example, Mapping)):
         return translate.fields_of(record)
     return copy.copy(record)
-
-
-@dataclass(frozen=True, slots=True)
-class _Scored:
-    """One DSPy metric call: its Result, and the output the metric was given (_NO_OUTPUT when none)."""
-
-    result: Result
-    output: Any = _NO_OUTPUT
-
-
-class SpendCapStopper:
-    """GEPA's stop callback (StopperProtocol) for a metric's spending caps: True once one is reached.
-
-    GEPA asks it between iterations, so the run ends with the candidates evaluated so far and the best of
-    them as its result; calls in the iteration under way fail at once (SPEND_CAP) rather than spend.
-    """
-
-    def __init__(self, metric: Metric):
-        self.metric = metric
-
-    def __call__(self, gepa_state: Any = None) -> bool:
-        return self.metric.spend_cap_reached
-
-    def __repr__(self) -> str:
-        return f"<SpendCapStopper {', '.join(self.metric.spend) or 'no caps'}>"
 
 
 class Metric:
@@ -202,7 +176,7 @@ class Metric:
         self._warned_unmeasured = False
         self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
         self.__name__ = self.scorer.info.name
-        hooks.wrap_evaluate_runs(_run_of)
+        hooks.wrap_evaluate(_evaluate)
 
     # -- DSPy's side ------------------------------------------------------------------------
 
@@ -224,50 +198,50 @@ class Metric:
         entry = self._memo.get(key)
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
-            return Score(entry.result.copy())._given(entry.output)._succeeds_at(self.success_threshold)
-        scored = self._score_dspy(gold, pred)
-        if scored.result.failure not in (Failure.OVERLOADED, Failure.LOAD, Failure.JUDGE_UNREACHABLE):  # worth a retry
-            self._memo.put(key, _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), scored.result, scored.output))
-        return Score(scored.result.copy())._given(scored.output)._succeeds_at(self.success_threshold)
+        else:
+            result, output = self._score_dspy(gold, pred)
+            entry = _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), result, output)
+            if result.failure not in (Failure.OVERLOADED, Failure.LOAD, Failure.JUDGE_UNREACHABLE):  # worth a retry
+                self._memo.put(key, entry)
+        return Score(entry.result.copy())._with(entry.output, self.success_threshold)
 
-    def _score_dspy(self, gold: Any, pred: Any) -> _Scored:
+    def _score_dspy(self, gold: Any, pred: Any) -> tuple[Result, Any]:
+        """(the Result, the output the metric was given: _NO_OUTPUT when the prediction could not be read)."""
+
+        def failed(failure: Failure, detail: str, feedback: str, exc: Exception | None = None) -> tuple[Result, Any]:
+            outcome = Outcome(failure=failure, error_type=type(exc).__name__ if exc else None, detail=detail)
+            return self.scorer.failed(outcome, feedback=feedback), _NO_OUTPUT
+
         try:
             input_values, expected = translate.split_example(gold)
         except Exception as exc:
-            return _Scored(self.scorer.failed(
-                Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
-                        detail=f"could not read the example: {exception_text(exc)}"),
-                feedback="Not scored: the example could not be read.",
-            ))
+            return failed(Failure.EXCEPTION, f"could not read the example: {exception_text(exc)}",
+                          "Not scored: the example could not be read.", exc)
         try:
             output = translate.prediction_output(pred, self.output_fields, self.to_output)
         except translate.MissingOutputField as exc:
-            return _Scored(self.scorer.failed(
-                Outcome(failure=Failure.MISSING_FIELD, detail=str(exc)),
-                feedback=f"Not scored: the program's output lacks the field(s) {', '.join(exc.missing)} "
-                f"(fields present: {', '.join(exc.present) or 'none'}).",
-            ))
+            return failed(Failure.MISSING_FIELD, str(exc), "Not scored: the program's output lacks the field(s) "
+                          f"{', '.join(exc.missing)} (fields present: {', '.join(exc.present) or 'none'}).")
         except Exception as exc:
             where = "to_output raised" if self.to_output is not None else "the prediction could not be read:"
-            return _Scored(self.scorer.failed(
-                Outcome(failure=Failure.EXCEPTION, error_type=type(exc).__name__,
-                        detail=f"{where} {exception_text(exc)}"),
-                feedback=f"Not scored: the program's output could not be read ({type(exc).__name__}).",
-            ))
-        if self.measuring:
-            observation, reason = measurement.observation_for(pred)
-            if observation is not None and self.program_cap is not None and not self._warned_uncapped \
-                    and not measurement.cap_in_scope(self.program_cap):
-                self._warn_uncapped()
-            if observation is None and not self._warned_unmeasured:
-                self._warned_unmeasured = True
-                logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
-                               "Said once per metric.", self.name, reason)
-        else:
-            observation, reason = None, _NOT_MEASURED
+            return failed(Failure.EXCEPTION, f"{where} {exception_text(exc)}",
+                          f"Not scored: the program's output could not be read ({type(exc).__name__}).", exc)
+        observation, reason = self._observation(pred) if self.measuring else (None, _NOT_MEASURED)
         # kept as the metric was given it: a metric in this process (isolation="thread") may change its argument
         shown = output if self.isolation != "thread" else translate.detach(output)
-        return _Scored(self.scorer.score(CallRequest(input_values, output, expected, observation, reason)), shown)
+        return self.scorer.score(CallRequest(input_values, output, expected, observation, reason)), shown
+
+    def _observation(self, pred: Any) -> tuple[Any, str | None]:
+        """The measured run that made `pred`, warning once when it is uncapped or was not measured."""
+        observation, reason = measurement.observation_for(pred)
+        if observation is not None and self.program_cap is not None and not self._warned_uncapped \
+                and not measurement.cap_in_scope(self.program_cap):
+            self._warn_uncapped()
+        if observation is None and not self._warned_unmeasured:
+            self._warned_unmeasured = True
+            logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
+                           "Said once per metric.", self.name, reason)
+        return observation, reason
 
     # -- plain values -----------------------------------------------------------------------
 
@@ -399,7 +373,10 @@ class Metric:
     def stop_callback(self) -> Callable[[Any], bool]:
         """A GEPA stop callback that stops the run once a spending cap is reached (skynet_dspy.gepa() and
         optimize_anything() add it; with dspy.GEPA, pass gepa_kwargs={"stop_callbacks": [metric.stop_callback]})."""
-        return SpendCapStopper(self)
+        return self._stop
+
+    def _stop(self, gepa_state: Any = None) -> bool:
+        return self.spend_cap_reached
 
     def close(self) -> None:
         """Stop the metric's worker processes (they also stop when the metric is garbage or at exit) and cancel its
@@ -504,6 +481,16 @@ def load_metric(source: MetricSource, **options: Unpack[MetricOptions]) -> Metri
     return Metric(source, **options)
 
 
-def _run_of(metric: Any) -> AbstractContextManager[Any]:
-    """A dspy.Evaluate run with `metric`: a skynet-dspy Metric's calls are summarized at its end (Scorer.run)."""
-    return metric.scorer.run() if isinstance(metric, Metric) else nullcontext()
+def _evaluate(original: Callable[..., Any]) -> Callable[..., Any]:
+    """dspy.Evaluate.__call__ calling a measured program, and summarizing a Metric's calls at the end of the run."""
+
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (measurement.measured_program(args[0]), *args[1:])
+        elif kwargs.get("program") is not None:
+            kwargs["program"] = measurement.measured_program(kwargs["program"])
+        metric = kwargs.get("metric") or getattr(self, "metric", None)
+        with metric.scorer.run() if isinstance(metric, Metric) else nullcontext():
+            return original(self, *args, **kwargs)
+
+    return evaluate

@@ -19,15 +19,19 @@ from .._core.values import unknown_option
 from .._judge import endpoint
 from .budget import check_budget
 from .metric import OPTIONS, Metric, load_metric, reject_options_for_loaded, stop_callbacks_with_caps
-from .record import record_compiles
+from .record import Recorder, RunRecord, attach, program_models
 
 _GEPA_OPTIONS = names(DspyGEPAOptions)
 
 
 class SkynetGEPA(dspy.GEPA):
-    """dspy.GEPA as skynet_dspy.gepa() builds it: compile() first checks that the budget buys the valset
-    evaluation and a few proposals (the data sets are known only there), then runs dspy.GEPA unchanged,
-    with the metric's program cap (max_program_cost_usd=) in force for the program's runs it makes."""
+    """dspy.GEPA as skynet_dspy.gepa() builds it: compile() first checks that the budget buys the valset evaluation
+    and a few proposals, then runs dspy.GEPA unchanged under the metric's program cap, recording what it used
+    (on `.skynet_run` and the program it returns, for skynet_dspy.report())."""
+
+    skynet_metric: Metric
+    skynet_run: RunRecord | None = None
+    skynet_program: Any = None
 
     def compile(self, student: Any, *, trainset: Any, teacher: Any = None, valset: Any = None) -> Any:
         calls = None
@@ -37,11 +41,15 @@ class SkynetGEPA(dspy.GEPA):
             calls = self.max_full_evals * (len(trainset) + (len(valset) if valset is not None else 0))
         if calls is not None and trainset:
             check_budget("skynet_dspy.gepa()", calls, len(valset or trainset), self.reflection_minibatch_size or 3)
-        metric = getattr(self, "skynet_metric", None)
-        if metric is None:
-            return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
-        with metric.capping():  # max_program_cost_usd= governs the program's runs of this compile, and no others
-            return super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
+        recorder = Recorder(self.skynet_metric, self.reflection_lm, program_models(student))
+        self.skynet_program = None
+        try:
+            with recorder, self.skynet_metric.capping():
+                program = super().compile(student, trainset=trainset, teacher=teacher, valset=valset)
+        finally:
+            self.skynet_run = recorder.record
+        self.skynet_program = program
+        return attach(program, recorder.record)
 
 
 def gepa(
@@ -94,7 +102,6 @@ def gepa(
         gepa_settings["gepa_kwargs"] = extra
     optimizer = SkynetGEPA(metric=loaded, reflection_lm=_own_history(reflection), **gepa_settings)
     optimizer.skynet_metric = loaded
-    record_compiles(optimizer, loaded)  # each compile's time and usage, for skynet_dspy.report()
     return optimizer
 
 

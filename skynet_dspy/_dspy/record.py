@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gepa.lm import LM as GepaLM
 
+from .._core import secrets
 from .._core.types import JudgeUsage, ProgramUsage, Usage
 from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, exception_text, token_count, usd
+from .._judge.litellm_private import no_banner
 from . import hooks
+from .ledger import ById
 
 ATTRIBUTE = "skynet_run"
 
@@ -72,24 +75,32 @@ class RunRecord:
 
 
 class CountingLM(GepaLM):  # type: ignore[misc, unused-ignore]  # gepa ships no type hints
-    """gepa.lm.LM that also counts its calls (gepa's LM keeps cost and tokens, not how many calls)."""
+    """gepa.lm.LM (LiteLLM with retries, cost and tokens) that also counts its calls, prints no LiteLLM banner on
+    them, and keeps the API key out of its repr and its kwargs' repr."""
 
     def __init__(self, model: str, **kwargs: Any):
         super().__init__(model, **kwargs)
+        self.completion_kwargs: dict[str, Any] = secrets.RedactedDict(self.completion_kwargs)
         self._calls_lock = threading.Lock()
         self.calls = 0
 
-    def _count(self, calls: int) -> None:
+    def _counted(self, calls: int, call: Callable[[], Any]) -> Any:
+        import litellm
+
         with self._calls_lock:
             self.calls += calls
+        with no_banner(litellm):  # LiteLLM's "Provider List" banner for a model it cannot price
+            return call()
 
     def __call__(self, prompt: Any) -> str:
-        self._count(1)
-        return str(super().__call__(prompt))
+        return str(self._counted(1, lambda: super(CountingLM, self).__call__(prompt)))
 
     def batch_complete(self, messages_list: list[list[dict[str, Any]]], max_workers: int = 10, **kwargs: Any) -> Any:
-        self._count(len(messages_list))
-        return super().batch_complete(messages_list, max_workers=max_workers, **kwargs)
+        return self._counted(len(messages_list), lambda: super(CountingLM, self).batch_complete(
+            messages_list, max_workers=max_workers, **kwargs))
+
+    def __repr__(self) -> str:
+        return secrets.redact(f"<reflection model {self.model!r}>")
 
 
 # -- reading the reflection model -----------------------------------------------------------------------
@@ -99,80 +110,56 @@ def _dspy_lm_of(model: Any) -> Any:
     """The dspy.LM behind a reflection model (itself, or the one _gepa's wrapper calls), or None."""
     import dspy
 
-    for candidate in (model, getattr(model, "lm", None)):
-        if isinstance(candidate, dspy.BaseLM):
-            return candidate
-    return None
+    return next((lm for lm in (model, getattr(model, "lm", None)) if isinstance(lm, dspy.BaseLM)), None)
 
 
-class _History:
-    """Reads the entries a dspy.LM's history gained during the run."""
+def _history_reader(lm: Any) -> Callable[[], ReflectionUsage]:
+    """What a dspy.LM's history gains from now on, read when called."""
+    before = getattr(lm, "history", None)
+    last = before[-1] if isinstance(before, list) and before else None
 
-    def __init__(self, lm: Any):
-        self.lm = lm
-        history = getattr(lm, "history", None)
-        self.readable = isinstance(history, list)
-        self.last = history[-1] if self.readable and history else None
-
-    def usage(self) -> ReflectionUsage:
-        history = list(getattr(self.lm, "history", None) or [])
-        if not self.readable:
+    def usage() -> ReflectionUsage:
+        if not isinstance(before, list):
             return ReflectionUsage(None, 0, None, None, None, "the reflection model keeps no history to read")
-        notes = []
-        start = 0
-        if self.last is not None:
-            found = next((i for i in range(len(history) - 1, -1, -1) if history[i] is self.last), None)
-            if found is None:
-                notes.append("its history was trimmed during the run (dspy.settings.max_history_size): "
-                             "figures are a floor")
-            else:
-                start = found + 1
-        calls = hits = prompt = completion = 0
-        cost: float | None = 0.0
-        for entry in history[start:]:
-            figures = hooks.history_entry_figures(entry)
-            if figures["cache_hit"]:
-                hits += 1
-                continue
-            calls += 1
-            usage = figures["usage"]
-            prompt += token_count(usage, PROMPT_TOKENS)
-            completion += token_count(usage, COMPLETION_TOKENS)
-            if figures["cost"] is None:
-                cost = None
-            elif cost is not None:
-                cost += float(figures["cost"])
-        if calls and cost is None:
+        history = list(getattr(lm, "history", None) or [])
+        found = next((i for i in range(len(history) - 1, -1, -1) if history[i] is last), None)
+        notes = [] if last is None or found is not None else [
+            "its history was trimmed during the run (dspy.settings.max_history_size): figures are a floor"]
+        new = [hooks.history_entry_figures(entry) for entry in history[0 if found is None else found + 1:]]
+        made = [figures for figures in new if not figures["cache_hit"]]
+        costs = [figures["cost"] for figures in made]
+        cost = None if None in costs else sum((float(cost) for cost in costs), 0.0)
+        if cost is None:
             notes.append("a call's price is unknown (LiteLLM has no price for the model)")
-        return ReflectionUsage(calls, hits, prompt, completion, cost, "; ".join(notes) or None)
+        return ReflectionUsage(
+            len(made), len(new) - len(made), sum(token_count(f["usage"], PROMPT_TOKENS) for f in made),
+            sum(token_count(f["usage"], COMPLETION_TOKENS) for f in made), cost, "; ".join(notes) or None)
+
+    return usage
 
 
-class _GepaCounters:
-    """Reads a gepa.lm.LM's running totals (cost, tokens; calls when it is a CountingLM)."""
+def _counters_reader(lm: Any) -> Callable[[], ReflectionUsage]:
+    """What a gepa.lm.LM's running totals (cost, tokens; calls when a CountingLM) gain from now on."""
 
-    def __init__(self, lm: Any):
-        self.lm = lm
-        self.start = self._now()
-
-    def _now(self) -> tuple[Any, float, int, int]:
-        lm = self.lm
+    def now() -> tuple[Any, float, int, int]:
         return getattr(lm, "calls", None), lm.total_cost, lm.total_tokens_in, lm.total_tokens_out
 
-    def usage(self) -> ReflectionUsage:
-        calls, cost, prompt, completion = self._now()
-        start_calls, start_cost, start_prompt, start_completion = self.start
-        counted = calls - start_calls if isinstance(calls, int) and isinstance(start_calls, int) else None
+    start = now()
+
+    def usage() -> ReflectionUsage:
+        (calls, cost, prompt, completion), (calls0, cost0, prompt0, completion0) = now(), start
+        counted = calls - calls0 if isinstance(calls, int) and isinstance(calls0, int) else None
         notes = [] if counted is not None else ["gepa's LM does not count calls"]
-        spent: float | None = cost - start_cost
-        used = (counted or 0) > 0 or (prompt - start_prompt) + (completion - start_completion) > 0
-        # gepa's LM books a call LiteLLM cannot price as $0: nothing booked for calls made means unknown,
-        # unless LiteLLM prices this model at $0 (a free model's $0 is its cost)
-        if used and spent == 0 and not _priced_at_zero(self.lm):
+        spent: float | None = cost - cost0
+        used = (counted or 0) > 0 or (prompt - prompt0) + (completion - completion0) > 0
+        # gepa's LM books a call LiteLLM cannot price as $0: unknown, unless LiteLLM prices the model at $0
+        if used and spent == 0 and not _priced_at_zero(lm):
             spent = None
-            notes.append(f"no price known for model {self.lm.model} (gepa's LM books its calls as $0; register "
+            notes.append(f"no price known for model {lm.model} (gepa's LM books its calls as $0; register "
                          "the price with litellm.register_model(...) to count them)")
-        return ReflectionUsage(counted, 0, prompt - start_prompt, completion - start_completion, spent,
-                               "; ".join(notes) or None)
+        return ReflectionUsage(counted, 0, prompt - prompt0, completion - completion0, spent, "; ".join(notes) or None)
+
+    return usage
 
 
 def _priced_at_zero(lm: Any) -> bool:
@@ -190,19 +177,14 @@ def _priced_at_zero(lm: Any) -> bool:
     return all(isinstance(rate, (int, float)) and rate == 0 for rate in rates)
 
 
-class _Unknown:
-    def usage(self) -> ReflectionUsage:
-        return ReflectionUsage(None, 0, None, None, None,
-                               "a reflection model given as a function: its calls are not seen by skynet-dspy")
-
-
-def _reader(model: Any) -> Any:
+def _reader(model: Any) -> Callable[[], ReflectionUsage]:
     lm = _dspy_lm_of(model)
     if lm is not None:
-        return _History(lm)
+        return _history_reader(lm)
     if isinstance(model, GepaLM):
-        return _GepaCounters(model)
-    return _Unknown()
+        return _counters_reader(model)
+    return lambda: ReflectionUsage(None, 0, None, None, None,
+                                   "a reflection model given as a function: its calls are not seen by skynet-dspy")
 
 
 # -- the record ------------------------------------------------------------------------------------------
@@ -257,7 +239,7 @@ class Recorder:
         seconds = time.perf_counter() - self._started
         stats = self.metric.stats
         program = self.metric.program_usage - self._program if self.metric.measuring else None
-        reflection = self._reflection.usage()
+        reflection = self._reflection()
         if self.shared:
             reflection = _without_program(reflection, program)
         spent = {name: stats.get(name, 0) - self._stats.get(name, 0) for name in stats}
@@ -275,34 +257,7 @@ class Recorder:
         )
 
 
-class _Records:
-    """Run records by the object they describe, matched by identity and held weakly: an entry lives as long as
-    its object, and nothing is written into an object of another library (GEPA's frozen GEPAResult)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[int, tuple[weakref.ref[Any], RunRecord]] = {}
-
-    def put(self, target: Any, record: RunRecord) -> None:
-        key = id(target)
-
-        def forget(ref: weakref.ref[Any]) -> None:
-            with self._lock:
-                entry = self._by_id.get(key)
-                if entry is not None and entry[0] is ref:
-                    del self._by_id[key]
-
-        ref = weakref.ref(target, forget)
-        with self._lock:
-            self._by_id[key] = (ref, record)
-
-    def get(self, target: Any) -> RunRecord | None:
-        with self._lock:
-            entry = self._by_id.get(id(target))
-        return entry[1] if entry is not None and entry[0]() is target else None
-
-
-_records = _Records()
+_records: ById[RunRecord] = ById()
 
 
 def attach(target: Any, record: RunRecord | None) -> Any:
@@ -349,24 +304,3 @@ def program_models(student: Any) -> list[Any]:
     except Exception:  # not a dspy.Module: nothing more to find
         pass
     return [model for model in models if model is not None]
-
-
-def record_compiles(optimizer: Any, metric: Any) -> None:
-    """Make each `optimizer.compile(...)` record what it used, on the optimizer and the program it returns."""
-    cls = type(optimizer)
-
-    def compile(student: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder = Recorder(metric, getattr(optimizer, "reflection_lm", None), program_models(student))
-        try:
-            with recorder:
-                program = cls.compile(optimizer, student, *args, **kwargs)  # the class's, as patched now (MLflow)
-        finally:
-            setattr(optimizer, ATTRIBUTE, recorder.record)
-            optimizer.skynet_program = None
-        optimizer.skynet_program = program
-        return attach(program, recorder.record)
-
-    compile.__doc__ = cls.compile.__doc__
-    optimizer.compile = compile
-    setattr(optimizer, ATTRIBUTE, None)
-    optimizer.skynet_program = None

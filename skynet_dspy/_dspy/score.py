@@ -66,14 +66,11 @@ class Score(dspy.Prediction, float):
         """Whether `output` is what the metric was given."""
         return self._has_output
 
-    def _given(self, output: Any) -> Score:
-        """This Score, recording `output` as what the metric was given (set once, by Metric.__call__)."""
+    def _with(self, output: Any, threshold: float | None) -> Score:
+        """This Score, with the output the metric was given (_NO_OUTPUT: none) and its success threshold (None:
+        above zero); set by Metric.__call__."""
         if output is not _NO_OUTPUT:
             self._output, self._has_output = output, True
-        return self
-
-    def _succeeds_at(self, threshold: float | None) -> Score:
-        """This Score, truthy only at or above `threshold` (None: above zero); set by Metric.__call__."""
         if threshold is not None:
             self._threshold = threshold
         return self
@@ -126,11 +123,11 @@ class Score(dspy.Prediction, float):
 
     def __copy__(self) -> Score:
         output = self._output if self._has_output else _NO_OUTPUT
-        return Score(self._result)._given(output)._succeeds_at(self._threshold)
+        return Score(self._result)._with(output, self._threshold)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Score:
         output = copy.deepcopy(self._output, memo) if self._has_output else _NO_OUTPUT
-        return Score(self._result.copy())._given(output)._succeeds_at(self._threshold)
+        return Score(self._result.copy())._with(output, self._threshold)
 
 
 class _NoOutput:
@@ -145,7 +142,7 @@ _NO_OUTPUT: Any = _NoOutput()
 
 def _rebuilt(result: Result, output: Any, threshold: float | None = None) -> Score:
     """A Score from its pickled parts."""
-    return Score(result)._given(output)._succeeds_at(threshold)
+    return Score(result)._with(output, threshold)
 
 
 def _number(other: object) -> float:

@@ -78,25 +78,14 @@ def fields_of(record: Any) -> dict[str, Any]:
     return dict(record)
 
 
-def output_columns(prediction: Any, columns: Sequence[str]) -> dict[str, Any]:
-    """The prediction's output columns named in `columns`; MissingOutputField when one is absent."""
-    fields = fields_of(prediction)
-    missing = [name for name in columns if name not in fields]
-    if missing:
-        raise MissingOutputField(missing, list(fields))
-    return {name: fields[name] for name in columns}
-
-
-def collapse(columns: dict[str, Any]) -> Any:
-    """One column → its bare value; several → a dict of them (docs/contract.md#what-the-metric-sees)."""
-    if len(columns) == 1:
-        return next(iter(columns.values()))
-    return columns
-
-
 def is_record(prediction: Any) -> bool:
     """Whether the program's return value is read field by field (a Prediction, an Example, a mapping)."""
     return isinstance(prediction, (Example, Mapping))
+
+
+def _collapsed(columns: dict[str, Any]) -> Any:
+    """One column → its bare value; several → a dict of them."""
+    return next(iter(columns.values())) if len(columns) == 1 else columns
 
 
 def prediction_output(
@@ -104,19 +93,20 @@ def prediction_output(
     columns: Sequence[str] | None = None,
     to_output: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """`output`: what the metric sees for what the program returned (see docs/contract.md#what-the-metric-sees).
-
-    A dspy.Prediction (or Example, or mapping) gives its output columns; anything else the program
-    returned (a str, a list, a Pydantic object) is the output as it is.
-    """
+    """`output`: what the metric sees for what the program returned (docs/contract.md#what-the-metric-sees): a
+    Prediction's (Example's, mapping's) output columns, anything else (a str, a Pydantic object) as it is."""
     if to_output is not None:
         return detach(to_output(prediction))
     if not is_record(prediction):
         return detach(prediction)
+    fields = fields_of(prediction)
     if columns is None:
-        fields = {key: value for key, value in fields_of(prediction).items() if key not in BOOKKEEPING_FIELDS}
-        return {} if not fields else detach(collapse(fields))
-    return detach(collapse(output_columns(prediction, columns)))
+        fields = {key: value for key, value in fields.items() if key not in BOOKKEEPING_FIELDS}
+        return {} if not fields else detach(_collapsed(fields))
+    missing = [name for name in columns if name not in fields]
+    if missing:
+        raise MissingOutputField(missing, list(fields))
+    return detach(_collapsed({name: fields[name] for name in columns}))
 
 
 def perfect_output(expected: dict[str, Any] | None, columns: Sequence[str] | None = None) -> Any:
@@ -128,5 +118,5 @@ def perfect_output(expected: dict[str, Any] | None, columns: Sequence[str] | Non
         if not labelled:
             return None
         # shaped as prediction_output shapes it: several named columns give a dict, even when some are unlabelled
-        return detach(collapse(labelled) if len(columns) == 1 else labelled)
-    return detach(collapse(expected))
+        return detach(_collapsed(labelled) if len(columns) == 1 else labelled)
+    return detach(_collapsed(expected))

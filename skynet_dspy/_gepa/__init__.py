@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from .._core.logs import logger as logger
 from .._core.options import ModelSpec, OptimizeAnythingOptions, ScoringOptions, names
 from .._core.specs import MetricSource
 from .._core.values import shorten, unknown_option
@@ -21,21 +20,17 @@ from .._dspy import record
 from .._dspy.budget import check_budget
 from .._dspy.metric import Metric, stop_callbacks_with_caps
 from .evaluator import Evaluator, load_run, make_evaluator
-from .examples import ExampleLoader, as_example, checked_examples, example_loaders, split_row
+from .examples import ExampleLoader, checked_examples, example_loaders, split_row
 from .reflection import reflection_callable
 
 if TYPE_CHECKING:
     from gepa.core.result import GEPAResult
 
-__all__ = [
-    "Evaluator", "ExampleLoader", "as_example", "example_loaders", "load_run", "make_evaluator", "optimize_anything",
-    "reflection_callable", "split_row",
-]
+__all__ = ["Evaluator", "ExampleLoader", "example_loaders", "load_run", "make_evaluator", "optimize_anything",
+           "reflection_callable", "split_row"]
 
-# load_metric() options optimize_anything() accepts among its keyword arguments (a program's output
-# is run()'s return value here, so output_fields / to_output do not apply; the models are its own arguments).
+# The load_metric() options optimize_anything() takes (run() returns the output; the models are its own arguments)
 METRIC_OPTIONS = names(ScoringOptions)
-# Arguments optimize_anything() refuses, and why.
 _REFUSED = {
     "capture_stdio": "it would show everything the metric and run print (expected values included) "
     "to the reflection model; write what it should see into the feedback instead",
@@ -45,9 +40,6 @@ _REFUSED = {
     "dataset": "pass the examples as trainset=",
     "config": "pass GEPA settings as keyword arguments (max_metric_calls=..., frontier_type=..., ...)",
 }
-
-
-# -- the one-call entry point -------------------------------------------------------------
 
 
 def optimize_anything(

@@ -21,14 +21,23 @@ from .._core.types import Failure, Outcome, Result
 from .._core.values import exception_text, shorten
 from .._dspy import hooks, measure, translate
 from .._dspy.metric import Metric, load_metric, reject_options_for_loaded
+from .._dspy.score import _NO_OUTPUT
 from .._judge import is_lm
 from .examples import as_example
 
 
 def load_run(source: Any) -> Callable[[Any, Any], Any]:
-    """`run` itself, or the function `run` defined in a run.py at the given path."""
+    """`run` itself, or the function `run` defined in a run.py at the given path (loaded as metric files are)."""
     if isinstance(source, (str, Path)):
-        source = _load_run_file(Path(source))
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"run file not found: {path}")
+        try:
+            source = getattr(loading.load_file(path), "run", None)
+        except MetricLoadError as exc:
+            raise ImportError(str(exc)) from None
+        if not callable(source):
+            raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
     if not callable(source):
         raise TypeError(f"run must be a function run(artifact, input) or a path to run.py, got {shorten(source)}")
     try:
@@ -42,20 +51,6 @@ def load_run(source: Any) -> Callable[[Any, Any], Any]:
     except ValueError:  # a builtin without a readable signature: take it on trust
         pass
     return cast(Callable[[Any, Any], Any], source)
-
-
-def _load_run_file(path: Path) -> Callable[..., Any]:
-    """`run` from run.py, loaded as metric files are (a fresh module; modules beside it importable)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"run file not found: {path}")
-    try:
-        module = loading.load_file(path)
-    except MetricLoadError as exc:
-        raise ImportError(str(exc)) from None
-    run = getattr(module, "run", None)
-    if not callable(run):
-        raise ImportError(f"{path} defines no function named `run`; add `def run(artifact, input):`")
-    return cast(Callable[..., Any], run)
 
 
 # -- the evaluator ------------------------------------------------------------------------
@@ -99,30 +94,21 @@ class Evaluator:
     def __call__(self, candidate: str | dict[str, str], example: Any = None) -> tuple[float, dict[str, Any]]:
         """Score `candidate` on `example`; side_info holds the input fields ("Inputs"), what run() returned
         ("Generated Outputs"), "feedback" and (when given) "scores", each bounded by the feedback limit."""
-        input_values, expected = self._example(example)
+        input_values, expected = _split(example)
         result, output = self._evaluate(candidate, input_values, expected)
         return _side_info(result, input_values, output, self.metric.feedback_limit)
 
     def evaluate(self, candidate: str | dict[str, str], example: Any = None) -> Result:
         """The full Result (extra side-information keys included) of `candidate` on `example`."""
-        input_values, expected = self._example(example)
-        return self._evaluate(candidate, input_values, expected)[0]
-
-    @staticmethod
-    def _example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        if example is None:
-            raise ValueError(
-                "the evaluator needs an example {'input': ..., 'expected': ...}; give GEPA a dataset "
-                "(single-task search without examples has no input for run())"
-            )
-        return as_example(example)
+        return self._evaluate(candidate, *_split(example))[0]
 
     def _evaluate(
         self, candidate: Any, input_values: dict[str, Any], expected: dict[str, Any] | None
     ) -> tuple[Result, Any]:
         """(the Result, what run() returned; _NO_OUTPUT when run() returned nothing to show)."""
         artifact = dict(candidate) if isinstance(candidate, dict) else candidate
-        cap = self.metric.program_cap
+        cap, scorer = self.metric.program_cap, self.metric.scorer
+        observation, unmeasured = None, None
         try:
             if cap is not None:
                 cap.check()  # the program's spending cap is reached: run() is not even started
@@ -130,31 +116,25 @@ class Evaluator:
                 ran = self.workers(artifact, translate.detach(input_values))
                 if ran.failure is not None:
                     outcome = Outcome(failure=ran.failure, error_type=ran.error_type, detail=ran.detail)
-                    return self.metric.scorer.failed(outcome, feedback=ran.feedback), _NO_OUTPUT
-                output, observation = ran.output, None
+                    return scorer.failed(outcome, feedback=ran.feedback), _NO_OUTPUT
+                output = ran.output
+                unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured"
             elif self.metric.measuring:
                 with self.metric.capping():  # the cap governs this run() call's model calls, no others
                     output, observation = measure.measure(self.run, artifact, translate.detach(input_values))
             else:
-                output, observation = self.run(artifact, translate.detach(input_values)), None
+                output = self.run(artifact, translate.detach(input_values))
         except SpendCapReached as exc:  # a model call run() made was refused: no more is spent
-            return self.metric.scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc))), _NO_OUTPUT
+            return scorer.failed(Outcome(failure=Failure.SPEND_CAP, detail=str(exc))), _NO_OUTPUT
         except Exception as exc:
-            return self._run_failed(exc), _NO_OUTPUT
-        unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured" if (
-            self.workers is not None) else None
-        result = self.metric.score(
-            input_values, output, expected, observation=observation, unmeasured_reason=unmeasured
-        )
+            # run() is the program, not the metric: its error (never holding expected values, which run() is not
+            # given) helps the reflection model fix the artifact, so the feedback keeps it
+            text = f"run(artifact, input) raised {exception_text(exc)}"
+            outcome = Outcome(failure=Failure.RUN_EXCEPTION, error_type=type(exc).__name__, detail=text)
+            return scorer.failed(outcome, feedback=text), _NO_OUTPUT
+        result = self.metric.score(input_values, output, expected, observation=observation,
+                                   unmeasured_reason=unmeasured)
         return result, output
-
-    def _run_failed(self, exc: Exception) -> Result:
-        # run() is the program, not the metric: its error (never holding expected values, which run() is not
-        # given) helps the reflection model fix the artifact, so the feedback keeps it.
-        text = f"run(artifact, input) raised {exception_text(exc)}"
-        return self.metric.scorer.failed(
-            Outcome(failure=Failure.RUN_EXCEPTION, error_type=type(exc).__name__, detail=text), feedback=text
-        )
 
     @property
     def stats(self) -> dict[str, int]:
@@ -171,10 +151,18 @@ class Evaluator:
 _NOT_KEPT = frozenset({Failure.OVERLOADED, Failure.SPEND_CAP, Failure.LOAD, Failure.JUDGE_UNREACHABLE})
 
 
-_NO_OUTPUT: Any = object()  # run() raised or was not run: no "Generated Outputs" to show
 # The side-info keys of the input fields and of run()'s return value: DSPy GEPA's reflective dataset's words.
 INPUTS_KEY = "Inputs"
 OUTPUT_KEY = "Generated Outputs"
+
+
+def _split(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    if example is None:
+        raise ValueError(
+            "the evaluator needs an example {'input': ..., 'expected': ...}; give GEPA a dataset "
+            "(single-task search without examples has no input for run())"
+        )
+    return as_example(example)
 
 
 def _bounded(value: Any, limit: int) -> Any:

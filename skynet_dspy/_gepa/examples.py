@@ -102,20 +102,19 @@ def checked_examples(items: Any, name: str) -> list[dict[str, Any]]:
 
 
 class ExampleLoader:
-    """A GEPA data loader over checked examples, with the ids `example_loaders` gives them."""
+    """A GEPA data loader over checked examples, by the ids `example_loaders` gives them."""
 
     def __init__(self, ids: list[int], items: list[dict[str, Any]]):
-        self._ids = ids
         self._by_id = dict(zip(ids, items, strict=True))
 
     def all_ids(self) -> list[int]:
-        return list(self._ids)
+        return list(self._by_id)
 
     def fetch(self, ids: Sequence[int]) -> list[dict[str, Any]]:
         return [self._by_id[data_id] for data_id in ids]
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._by_id)
 
 
 def example_loaders(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> tuple[ExampleLoader, ExampleLoader]:

@@ -9,31 +9,6 @@ from .._core import secrets
 from .._core.values import shorten
 from .._dspy import record
 from .._judge import endpoint, is_lm
-from .._judge.litellm_private import no_banner
-
-
-class _LiteLLMReflectionLM(record.CountingLM):
-    """gepa.lm.LM (LiteLLM with retries, cost tracking) whose repr, and its kwargs' repr, keep the API key out."""
-
-    def __init__(self, model: str, **kwargs: Any):
-        super().__init__(model, **kwargs)
-        self.completion_kwargs: dict[str, Any] = secrets.RedactedDict(self.completion_kwargs)
-
-    # LiteLLM prints its "Provider List" banner when it cannot price a model (most local servers): not on our calls
-    def __call__(self, prompt: Any) -> str:
-        import litellm
-
-        with no_banner(litellm):
-            return super().__call__(prompt)
-
-    def batch_complete(self, messages_list: list[list[dict[str, Any]]], max_workers: int = 10, **kwargs: Any) -> Any:
-        import litellm
-
-        with no_banner(litellm):
-            return super().batch_complete(messages_list, max_workers=max_workers, **kwargs)
-
-    def __repr__(self) -> str:
-        return secrets.redact(f"<reflection model {self.model!r}>")
 
 
 class _DspyReflectionLM:
@@ -65,7 +40,7 @@ def reflection_callable(model: Any, **overrides: Any) -> Callable[[Any], str]:
         found = endpoint(model, "reflection model")
         assert found is not None
         settings = {**found.litellm_kwargs(), **overrides}
-        return _LiteLLMReflectionLM(settings.pop("model"), **settings)
+        return record.CountingLM(settings.pop("model"), **settings)
     if is_lm(model) and callable(model):
         endpoint(model, "reflection model")  # registers its key for redaction
         return _DspyReflectionLM(model, **overrides)

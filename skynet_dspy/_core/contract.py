@@ -136,12 +136,12 @@ def _check(value: Any, feedback_limit: int) -> Result:
 
 
 def _finite(number: float, what: str, value: Any, name: str | None = None) -> float:
+    if math.isfinite(number):
+        return number
     where = f" (the score {shorten(name, 70)})" if name is not None else ""
     if math.isnan(number):
         raise _violation(f"{what} is NaN", "return a finite number (NaN breaks every comparison)", value, where)
-    if math.isinf(number):
-        raise _violation(f"{what} is infinite", "return a finite number", value, where)
-    return number
+    raise _violation(f"{what} is infinite", "return a finite number", value, where)
 
 
 def _is(key: Any, name: str) -> bool:

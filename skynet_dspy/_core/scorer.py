@@ -130,6 +130,8 @@ class Scorer:
             raise WorkerError(f"the metric {self.info.label} was closed while this call ran; nothing was scored")
         with self._lock:
             self._counts["calls"] += 1
+            if outcome.result is not None:
+                self._streak = 0
             if isinstance(request.observation, Observation):
                 self._program = self._program.plus(request.observation)
         problem = outcome.judge_problem
@@ -141,8 +143,6 @@ class Scorer:
 
     def _succeeded(self, result: Result) -> Result:
         """The Result of a call that worked: its feedback cut to the limit, no key in what reaches the optimizer."""
-        with self._lock:
-            self._streak = 0
         result = finish_feedback(result, self.feedback_limit)
         if result.extra and self.isolation != "thread":
             result = replace(result, extra=_redacted(result.extra))

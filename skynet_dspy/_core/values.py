@@ -18,6 +18,8 @@ from . import secrets
 def as_number(value: Any) -> float | None:
     """`value` as a float when it is a real number (docs/contract.md#return-value), else None; never raises.
     An integer too large for a float becomes ±inf (rejected as infinite, not as "not a number")."""
+    if type(value) is float:  # the common case, without the numbers.Real check
+        return value
     try:
         if isinstance(value, (str, bytes)):
             return None

@@ -4,7 +4,6 @@ metric runs. Each metric file runs as a fresh module of its own, with private co
 from __future__ import annotations
 
 import builtins
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -194,7 +193,8 @@ class _Siblings:
 
 
 class _SiblingFinder:
-    """Finds `<root>.helper` modules in the folder of the metric that owns `<root>`."""
+    """Finds `<root>.helper` modules in the folder of the metric that owns `<root>`, and runs each from its source
+    (never a cached .pyc) with that metric's import hook."""
 
     @staticmethod
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
@@ -203,35 +203,26 @@ class _SiblingFinder:
         if siblings is None or not rest:
             return None
         base = siblings.folder.joinpath(*rest.split("."))
-        package = base / "__init__.py"
-        if package.is_file():
-            return importlib.util.spec_from_file_location(
-                fullname, package, loader=_SiblingLoader(package, siblings.builtins),
-                submodule_search_locations=[str(base)],
-            )
-        file = base.parent / f"{base.name}.py"
-        if file.is_file():
-            loader = _SiblingLoader(file, siblings.builtins)
-            return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+        for file, search in ((base / "__init__.py", [str(base)]), (base.parent / f"{base.name}.py", None)):
+            if file.is_file():
+                spec = importlib.util.spec_from_file_location(
+                    fullname, file, loader=_SiblingFinder, submodule_search_locations=search)  # type: ignore[arg-type]
+                if spec is not None:
+                    spec.loader_state = siblings.builtins
+                return spec
         return None
 
-
-class _SiblingLoader(importlib.abc.Loader):
-    """Runs a helper module from its source (never a cached .pyc) with its metric's import hook."""
-
-    def __init__(self, path: Path, builtins_dict: dict[str, Any]):
-        self.path = path
-        self.builtins = builtins_dict
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+    @staticmethod
+    def create_module(spec: importlib.machinery.ModuleSpec) -> None:
         return None
 
-    def exec_module(self, module: ModuleType) -> None:
-        source = self.path.read_bytes()
-        code = compile(source, str(self.path), "exec", dont_inherit=True)
-        module.__dict__["__builtins__"] = self.builtins
-        _remember_source(self.path, source)
-        exec(code, module.__dict__)
+    @staticmethod
+    def exec_module(module: ModuleType) -> None:
+        path = Path(module.__spec__.origin)  # type: ignore[union-attr,arg-type]
+        source = path.read_bytes()
+        module.__dict__["__builtins__"] = module.__spec__.loader_state  # type: ignore[union-attr]
+        _remember_source(path, source)
+        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
 
 
 def _remember_source(path: Path, source: bytes) -> None:
@@ -277,24 +268,16 @@ def _import_message(path: Path, exc: BaseException) -> str:
 
 
 def _outside(path: Path, filename: str) -> bool:
-    """True for a user's file other than the metric file (not <frozen ...> or importlib's own)."""
-    return (
-        filename != str(path)
-        and not filename.startswith("<")
-        and "importlib" not in filename
-        and filename != __file__  # our import hook for modules beside the metric
-    )
+    """True for a user's file other than the metric file (not <frozen ...>, importlib's or our import hook's)."""
+    return filename not in (str(path), __file__) and not filename.startswith("<") and "importlib" not in filename
 
 
 def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
     """The last line of `path` in a traceback's frames, if the file appears there."""
-    wanted = str(path)
     resolved = path.resolve()
-    line = None
-    for frame in frames:
-        if frame.filename == wanted or (frame.filename and Path(frame.filename).resolve() == resolved):
-            line = frame.lineno
-    return line
+    lines = [f.lineno for f in frames
+             if f.filename and (f.filename == str(path) or Path(f.filename).resolve() == resolved)]
+    return lines[-1] if lines else None
 
 
 def _takes_expected(score: Callable[..., Any], name: str) -> bool:
@@ -359,8 +342,6 @@ def uses_measurement(loaded: LoadedMetric) -> bool:
         for value in list(vars(module).values()):
             if isinstance(value, types.FunctionType):
                 names |= _names_in(value.__code__)
-            elif value is sys.modules.get("skynet_dspy.skynet"):
-                names.add("skynet")
         names |= set(vars(module)) & _MEASURING_NAMES
     return bool(names & _MEASURING_NAMES)
 

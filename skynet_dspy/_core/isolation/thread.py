@@ -13,6 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -90,13 +91,12 @@ def _release(worker: _PooledThread) -> bool:
     return True
 
 
+@dataclass(slots=True)
 class _InlineCall:
-    __slots__ = ("deadline", "timeout", "fired", "finished")
-
-    def __init__(self, timeout: float):
-        self.deadline = time.monotonic() + timeout
-        self.timeout = timeout
-        self.fired = self.finished = False
+    timeout: float
+    deadline: float
+    fired: bool = False  # the watchdog signalled it
+    finished: bool = False
 
 
 class _Watchdog:
@@ -126,7 +126,10 @@ class _Watchdog:
                     wait = call.deadline - now
                 else:
                     call.fired = True
-                    _fire(self.signum)
+                    if signal.getsignal(self.signum) is _on_signal:  # checked here: too slow for every call
+                        signal.pthread_kill(_MAIN_IDENT, self.signum)
+                    else:  # our handler was replaced, so a signal stops no call: later calls go to pooled threads
+                        _disable_inline()
                     wait = _REFIRE
                 self.wake_at = now + wait
                 self.cond.wait(None if math.isinf(wait) else wait)
@@ -142,18 +145,15 @@ def _on_signal(signum: int, frame: Any) -> None:
         raise CallTimedOut(f"the metric ran past its timeout of {call.timeout:g} s")
 
 
-def _fire(signum: int) -> None:
+def _disable_inline() -> None:
     global _inline_ready
-    if signal.getsignal(signum) is _on_signal:
-        signal.pthread_kill(_MAIN_IDENT, signum)
-    else:  # someone replaced our handler: a signal stops no call any more, so later ones go to pooled threads
-        _inline_ready = False
+    _inline_ready = False
 
 
 def _inline_watchdog() -> _Watchdog | None:
     """The watchdog for inline main-thread calls, set up on first use; None when they are unavailable."""
     global _watchdog, _inline_ready
-    if _inline_ready:  # its handler is checked when it fires (signal.getsignal is too slow for every call)
+    if _inline_ready:
         return _watchdog
     if _inline_ready is not None:
         return None
@@ -220,7 +220,7 @@ class TimeoutRunner:
 
 
 def _run_inline(watchdog: _Watchdog, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> tuple[Ran, Any]:
-    call = _InlineCall(timeout)
+    call = _InlineCall(timeout, time.monotonic() + timeout)
     watchdog.active = call
     if call.deadline < watchdog.wake_at or timeout < watchdog.shortest:
         watchdog.wake_for(call)

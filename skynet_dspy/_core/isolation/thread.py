@@ -229,17 +229,13 @@ def _run_inline(watchdog: _Watchdog, fn: Callable[..., Any], args: tuple[Any, ..
             ran, value = Ran.DONE, contextvars.copy_context().run(fn, *args)
         finally:
             call.finished = True
-    except CallTimedOut:  # each handler marks the call finished again: the signal may land before the finally did
+    except BaseException as exc:  # noqa: BLE001 - the signal may land before the finally did: mark it finished again
         call.finished = True
-        ran, value = Ran.TIMED_OUT, None
-    except KeyboardInterrupt:
-        call.finished = True
+        ran, value = (Ran.TIMED_OUT, None) if isinstance(exc, CallTimedOut) else (Ran.RAISED, exc)
+    finally:
         watchdog.active = None
-        raise
-    except BaseException as exc:  # noqa: BLE001 - contained, handed to the caller
-        call.finished = True
-        ran, value = Ran.RAISED, exc
-    watchdog.active = None
+    if isinstance(value, KeyboardInterrupt) and ran is Ran.RAISED:
+        raise value  # the user's Ctrl-C
     return (Ran.TIMED_OUT, None) if call.fired else (ran, value)  # past the deadline, whatever it did
 
 

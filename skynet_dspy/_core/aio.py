@@ -1,10 +1,9 @@
 """Async metrics: an `async def score` run on an event loop of its own, and blocking work an event loop awaits.
 
-A coroutine score runs where a sync one does (a worker process, or a thread with isolation="thread"), on a fresh
-event loop, cancelled at the call's deadline (the loop's own tasks with it). Blocking work a coroutine awaits
-(an llm() request, a whole metric call) runs on a daemon thread of its own, in a copy of the caller's context,
-so the caller's loop keeps running meanwhile: a daemon thread, so a request hung in HTTP never holds the process
-from exiting (asyncio.to_thread's executor threads are joined at exit).
+A coroutine score runs on a fresh event loop, cancelled at the call's deadline (its tasks with it). Blocking
+work a coroutine awaits (an llm() request, a whole metric call) runs on a daemon thread in a copy of the
+caller's context: a request hung in HTTP never holds the process from exiting (asyncio.to_thread's threads are
+joined at exit).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -20,7 +18,7 @@ from .errors import LLMCallError
 
 T = TypeVar("T")
 
-# llm() requests one event loop may have in flight at once; more wait for their turn. At most the requests a
+# llm() requests one metric call may have in flight at once; more wait for their turn. At most the requests a
 # worker process relays at once (isolation/handle.py MAX_LLM_AT_ONCE), so a gather of any size is never refused.
 LLM_AT_ONCE = 16
 _GRACE = 1.0  # seconds the tasks a timed-out or finished coroutine left behind get to end once cancelled
@@ -30,8 +28,8 @@ class CoroutineTimedOut(Exception):
     """A coroutine score ran past its timeout: it was cancelled, with everything it awaited."""
 
 
-class _LoopState:
-    """What allm() keeps per event loop: its turns, and whether the metric call the loop ran has ended."""
+class _CallState:
+    """What allm() keeps per metric call (every task of its loop sees it): its turns, and whether it has ended."""
 
     __slots__ = ("slots", "ended")
 
@@ -40,55 +38,50 @@ class _LoopState:
         self.ended = False
 
 
-_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-_loops_lock = threading.Lock()
-
-
-def _state(loop: asyncio.AbstractEventLoop) -> _LoopState:
-    with _loops_lock:
-        state = _loops.get(loop)
-        if state is None:
-            state = _loops[loop] = _LoopState()
-        return state
+_call_state: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar("skynet_aio_call", default=None)
 
 
 def run(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
-    """Run `coroutine` to its end on a fresh event loop; CoroutineTimedOut once `timeout` seconds pass (None: no
-    limit here, the caller's executor enforces it).
-
-    On a thread whose own loop is running (a notebook's, with isolation="thread"), the coroutine's loop gets a
-    thread of its own, since one thread runs one loop at a time.
-    """
+    """Run `coroutine` on a fresh event loop; CoroutineTimedOut once `timeout` seconds pass (None: the executor
+    alone bounds the call). On a thread whose own loop is running (a notebook's), on a thread of its own."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return _run_here(coroutine, timeout)
-    return _on_own_thread(lambda: _run_here(coroutine, timeout))
+    return _in_daemon_thread(lambda: _run_here(coroutine, timeout), lambda value, error: None, wait=True)
 
 
 def _run_here(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
     loop = asyncio.new_event_loop()
-    state = _state(loop)
+    state = _CallState()
+    token = _call_state.set(state)  # the loop's tasks copy this context
     try:
         return loop.run_until_complete(_within(coroutine, timeout))
     finally:
         state.ended = True  # an llm() a cleanup or a leftover task asks now is refused: its call is over
+        _call_state.reset(token)
         _close(loop)
 
 
-def _on_own_thread(work: Callable[[], T]) -> T:
-    """`work()` on a new thread, in a copy of this context; its value returned, or its exception raised, here."""
+def _in_daemon_thread(work: Callable[[], T], deliver: Callable[[Any, BaseException | None], None],
+                      wait: bool = False) -> T:
+    """`work()` on a daemon thread in a copy of this context, its (value, error) handed to `deliver` there; with
+    `wait`, joined and its value returned (or its error raised) here."""
     context = contextvars.copy_context()
-    done: list[Any] = []
+    done: list[tuple[Any, BaseException | None]] = []
 
     def target() -> None:
         try:
-            done.append((context.run(work), None))
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            done.append((None, exc))
+            value, error = context.run(work), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            value, error = None, exc
+        done.append((value, error))
+        deliver(value, error)
 
-    thread = threading.Thread(target=target, name="skynet-coroutine", daemon=True)
+    thread = threading.Thread(target=target, name="skynet-await", daemon=True)
     thread.start()
+    if not wait:
+        return None  # type: ignore[return-value]
     thread.join()
     value, error = done[0]
     if error is not None:
@@ -104,12 +97,12 @@ async def _within(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T
         async with deadline:
             value = await coroutine
     except TimeoutError:
-        if deadline.expired():
-            raise CoroutineTimedOut(f"the coroutine ran past its timeout of {timeout:g} s") from None
-        raise  # the metric's own TimeoutError
-    if deadline.expired():  # it caught the cancellation and returned anyway: still past its timeout
-        raise CoroutineTimedOut(f"the coroutine ran past its timeout of {timeout:g} s")
-    return value
+        if not deadline.expired():
+            raise  # the metric's own TimeoutError
+        value = None
+    if deadline.expired():  # timed out, or caught the cancellation and returned anyway: past its timeout either way
+        raise CoroutineTimedOut(f"the coroutine ran past its timeout of {timeout:g} s") from None
+    return value  # type: ignore[return-value]
 
 
 def _close(loop: asyncio.AbstractEventLoop) -> None:
@@ -128,38 +121,31 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
 
 async def in_thread(work: Callable[[], T]) -> T:
     """`work()` run on a daemon thread in a copy of this context, awaited without blocking the running loop.
-
-    Cancelling the await drops the result; the thread finishes on its own.
-    """
+    Cancelling the await drops the result; the thread finishes on its own."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-    context = contextvars.copy_context()
 
     def deliver(value: Any, error: BaseException | None) -> None:
-        if future.done():  # the await was cancelled
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+        def settle() -> None:
+            if future.done():  # the await was cancelled
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
 
-    def target() -> None:
         try:
-            value, error = context.run(work), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            value, error = None, exc
-        try:
-            loop.call_soon_threadsafe(deliver, value, error)
+            loop.call_soon_threadsafe(settle)
         except RuntimeError:  # the loop is closed: nobody awaits this any more
             pass
 
-    threading.Thread(target=target, name="skynet-await", daemon=True).start()
+    _in_daemon_thread(work, deliver)
     return await future
 
 
 async def llm_turn(ask: Callable[[], str]) -> str:
-    """`ask()` (a blocking llm() request) awaited on its own thread, at most LLM_AT_ONCE of one loop at once."""
-    state = _state(asyncio.get_running_loop())
+    """`ask()` (a blocking llm() request) awaited on its own thread, at most LLM_AT_ONCE of one call at once."""
+    state = _call_state.get() or _CallState()
 
     def guarded() -> str:
         if state.ended:  # queued when its metric call ended: it never starts

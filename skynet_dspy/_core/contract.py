@@ -1,8 +1,5 @@
 """The metric contract of docs/contract.md#return-value: what `score` must return, and the plain Result it becomes.
-
-A broken rule is a ContractViolation whose `rule` is a fixed sentence (safe to show an optimizer: it
-holds nothing the metric chose) and whose message adds the offending value, for the user.
-"""
+A broken rule is a ContractViolation: `rule` a fixed sentence (safe for an optimizer), the message adds the value."""
 
 from __future__ import annotations
 
@@ -41,8 +38,6 @@ def _type_of(value: Any) -> str:
 
 
 def _violation(rule: str, advice: str, value: Any, note: str = "") -> ContractViolation:
-    """A ContractViolation: `rule` a short fixed name of the rule (safe for an optimizer); the message adds the
-    advice and the value, for the user."""
     return ContractViolation(rule, value, f"{rule}: {advice}; score returned {shorten(value)}{note}")
 
 
@@ -67,14 +62,8 @@ def _not_a_pair(value: Any) -> ContractViolation:
 
 
 def check_return(value: Any, feedback_limit: int = DEFAULT_FEEDBACK_LIMIT) -> Result:
-    """Check one return value of `score` against the contract and turn it into a Result of plain values.
-
-    The rules: docs/contract.md#return-value.
-
-    Raises ContractViolation naming the broken rule, and nothing else: a value whose own methods raise is
-    a violation too. Feedback longer than `feedback_limit` is cut with a note. No redaction here: the
-    caller redacts what it keeps (see validate_return).
-    """
+    """One return value of `score` as a Result of plain values (feedback cut to `feedback_limit`, not redacted);
+    a ContractViolation, and nothing else, for a value that breaks a rule or whose own methods raise."""
     try:
         return _check(value, feedback_limit)
     except ContractViolation:
@@ -147,16 +136,15 @@ def _check(value: Any, feedback_limit: int) -> Result:
 
 
 def _finite(number: float, what: str, value: Any, name: str | None = None) -> float:
+    if math.isfinite(number):
+        return number
     where = f" (the score {shorten(name, 70)})" if name is not None else ""
     if math.isnan(number):
         raise _violation(f"{what} is NaN", "return a finite number (NaN breaks every comparison)", value, where)
-    if math.isinf(number):
-        raise _violation(f"{what} is infinite", "return a finite number", value, where)
-    return number
+    raise _violation(f"{what} is infinite", "return a finite number", value, where)
 
 
 def _is(key: Any, name: str) -> bool:
-    """`key == name` for dict keys, asked of str itself so a key object's own __eq__ is never run."""
     return isinstance(key, str) and str.__eq__(key, name) is True
 
 
@@ -214,7 +202,6 @@ def cut_feedback(text: str, limit: int = DEFAULT_FEEDBACK_LIMIT) -> str:
 
 
 def was_cut(feedback: str) -> bool:
-    """True when cut_feedback shortened this feedback."""
     return FEEDBACK_CUT_MARK in feedback[-120:]
 
 

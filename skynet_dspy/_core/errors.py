@@ -1,8 +1,5 @@
-"""Every exception skynet-dspy raises, under one base class, `SkynetDspyError`.
-
-Each keeps the builtin base it always had (a ContractViolation is still a ValueError), and each
-message is redacted: no credential reaches a traceback, a log line or a notebook cell.
-"""
+"""Every exception skynet-dspy raises, under `SkynetDspyError`, each with its builtin base (a ContractViolation is
+still a ValueError) and a redacted message: no credential reaches a traceback, a log line or a notebook cell."""
 
 from __future__ import annotations
 
@@ -100,8 +97,6 @@ class DataError(SkynetDspyError, ValueError):
 class MissingExtra(SkynetDspyError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
-
-# -- judge errors, as failure kinds ---------------------------------------------------------------
 
 NO_JUDGE_MODEL = (
     "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "

@@ -1,14 +1,9 @@
-"""Turning a metric source (a path to metric.py, a module, or a callable) into a `score` to call.
-
-Each metric file runs as a fresh module of its own, with `skynet` importable and the modules beside it
-importable as its own private copies. This runs wherever the metric runs: in a worker process by
-default, in the user's process with isolation="thread".
-"""
+"""Turning a metric source (a path to metric.py, a module, or a callable) into a `score` to call, wherever the
+metric runs. Each metric file runs as a fresh module of its own, with private copies of the modules beside it."""
 
 from __future__ import annotations
 
 import builtins
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -46,11 +41,6 @@ class LoadedMetric:
     label: str = ""
     file: str | None = None
 
-    @property
-    def is_async(self) -> bool:
-        """Whether score is an `async def` (its calls return a coroutine, run on an event loop of the call's own)."""
-        return is_coroutine_function(self.score)
-
     def info(self) -> MetricInfo:
         """The plain facts of this metric, as sent back from a worker process."""
         return MetricInfo(
@@ -61,21 +51,12 @@ class LoadedMetric:
             uses_measurement=uses_measurement(self),
             file=self.file,
             hint=signature_hint(self.score),
-            is_async=self.is_async,
+            is_async=inspect.iscoroutinefunction(self.score) or inspect.iscoroutinefunction(type(self.score).__call__),
         )
 
 
-def is_coroutine_function(fn: Any) -> bool:
-    """Whether calling `fn` gives a coroutine: an `async def` function, method or partial, or an object whose
-    `__call__` is one."""
-    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
-
-
 def register_skynet() -> None:
-    """Make `import skynet` give the package's helper module (kept if it already does).
-
-    skynet_dspy/__init__.py imports skynet_dspy.skynet before anything else, so it is always there.
-    """
+    """Make `import skynet` give the package's helper module (skynet_dspy/__init__.py imports it first)."""
     helpers = sys.modules["skynet_dspy.skynet"]
     if sys.modules.get("skynet") is not helpers:
         sys.modules["skynet"] = helpers
@@ -105,8 +86,7 @@ def load(source: Any, file: str | None = None) -> LoadedMetric:
     )
 
 
-def _from_module(module: ModuleType, label: str, stem: str) -> LoadedMetric:
-    name = label
+def _from_module(module: ModuleType, name: str, stem: str) -> LoadedMetric:
     score = getattr(module, "score", None)
     if score is None:
         functions = sorted(
@@ -124,16 +104,14 @@ def _from_module(module: ModuleType, label: str, stem: str) -> LoadedMetric:
         )
     spec = getattr(module, "REWARD_SPEC", None)
     file = getattr(module, "__file__", None)
-    return LoadedMetric(score, _takes_expected(score, name), identifier(stem), spec, module, label, file)
+    return LoadedMetric(score, _takes_expected(score, name), identifier(stem), spec, module, name, file)
 
 
 def load_file(path: Path) -> ModuleType:
     """Run a metric file as a fresh module of its own, so two files (or a changed file) never mix.
 
-    The source is read and compiled here rather than by the import system, whose bytecode cache
-    keys on the file's mtime in whole seconds and would run a stale copy of a file edited twice
-    within a second; it also leaves no __pycache__ beside the user's file. Modules beside the file
-    are imported through the metric's own import hook (see _Siblings), never through sys.path.
+    Compiled here, not by the import system, whose bytecode cache keys on the mtime in whole seconds (a file
+    edited twice within a second would run stale) and writes __pycache__ beside the user's file.
     """
     if path.is_dir():
         raise MetricLoadError(f"{path} is a folder; give the path of the metric file inside it, e.g. {path}/metric.py")
@@ -170,13 +148,8 @@ def load_file(path: Path) -> ModuleType:
 
 
 class _Siblings:
-    """The modules beside one loaded metric file, imported for that metric alone.
-
-    `import helper` in the metric (at import or later, inside score) loads helper.py from the
-    metric's folder as `<root>.helper`, a module private to this load: two metric folders with
-    a same-named helper each get their own, loading the metric again reloads its helpers, and
-    sys.path is never touched. Standard-library names and `skynet` are never taken from the folder.
-    """
+    """The modules beside one loaded metric file: `import helper` loads helper.py from its folder as
+    `<root>.helper`, private to this load (sys.path untouched; never a standard-library name or `skynet`)."""
 
     _lock = threading.Lock()
     _roots: dict[str, _Siblings] = {}  # root package name -> its metric's siblings, read by _SiblingFinder
@@ -220,7 +193,8 @@ class _Siblings:
 
 
 class _SiblingFinder:
-    """Finds `<root>.helper` modules in the folder of the metric that owns `<root>`."""
+    """Finds `<root>.helper` modules in the folder of the metric that owns `<root>`, and runs each from its source
+    (never a cached .pyc) with that metric's import hook."""
 
     @staticmethod
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
@@ -229,35 +203,26 @@ class _SiblingFinder:
         if siblings is None or not rest:
             return None
         base = siblings.folder.joinpath(*rest.split("."))
-        package = base / "__init__.py"
-        if package.is_file():
-            return importlib.util.spec_from_file_location(
-                fullname, package, loader=_SiblingLoader(package, siblings.builtins),
-                submodule_search_locations=[str(base)],
-            )
-        file = base.parent / f"{base.name}.py"
-        if file.is_file():
-            loader = _SiblingLoader(file, siblings.builtins)
-            return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+        for file, search in ((base / "__init__.py", [str(base)]), (base.parent / f"{base.name}.py", None)):
+            if file.is_file():
+                spec = importlib.util.spec_from_file_location(
+                    fullname, file, loader=_SiblingFinder, submodule_search_locations=search)  # type: ignore[arg-type]
+                if spec is not None:
+                    spec.loader_state = siblings.builtins
+                return spec
         return None
 
-
-class _SiblingLoader(importlib.abc.Loader):
-    """Runs a helper module from its source (never a cached .pyc) with its metric's import hook."""
-
-    def __init__(self, path: Path, builtins_dict: dict[str, Any]):
-        self.path = path
-        self.builtins = builtins_dict
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+    @staticmethod
+    def create_module(spec: importlib.machinery.ModuleSpec) -> None:
         return None
 
-    def exec_module(self, module: ModuleType) -> None:
-        source = self.path.read_bytes()
-        code = compile(source, str(self.path), "exec", dont_inherit=True)
-        module.__dict__["__builtins__"] = self.builtins
-        _remember_source(self.path, source)
-        exec(code, module.__dict__)
+    @staticmethod
+    def exec_module(module: ModuleType) -> None:
+        path = Path(module.__spec__.origin)  # type: ignore[union-attr,arg-type]
+        source = path.read_bytes()
+        module.__dict__["__builtins__"] = module.__spec__.loader_state  # type: ignore[union-attr]
+        _remember_source(path, source)
+        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
 
 
 def _remember_source(path: Path, source: bytes) -> None:
@@ -303,93 +268,56 @@ def _import_message(path: Path, exc: BaseException) -> str:
 
 
 def _outside(path: Path, filename: str) -> bool:
-    """True for a user's file other than the metric file (not <frozen ...> or importlib's own)."""
-    return (
-        filename != str(path)
-        and not filename.startswith("<")
-        and "importlib" not in filename
-        and filename != __file__  # our import hook for modules beside the metric
-    )
+    """True for a user's file other than the metric file (not <frozen ...>, importlib's or our import hook's)."""
+    return filename not in (str(path), __file__) and not filename.startswith("<") and "importlib" not in filename
 
 
 def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
     """The last line of `path` in a traceback's frames, if the file appears there."""
-    wanted = str(path)
     resolved = path.resolve()
-    line = None
-    for frame in frames:
-        if frame.filename == wanted or (frame.filename and Path(frame.filename).resolve() == resolved):
-            line = frame.lineno
-    return line
+    lines = [f.lineno for f in frames
+             if f.filename and (f.filename == str(path) or Path(f.filename).resolve() == resolved)]
+    return lines[-1] if lines else None
 
 
 def _takes_expected(score: Callable[..., Any], name: str) -> bool:
     """True for score(input, output, expected), False for score(input, output); else MetricLoadError."""
-    signature = _signature(score, name)
-    params = signature.parameters.values()
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
-    shown = f"score{signature}"
-    _check_keywords(signature, shown, name)
-    if has_varargs and len(positional) <= 3:
-        return True
-    if len(positional) == 2:
-        return False
-    if len(positional) == 3:
-        return True
-    count = f"{len(positional)} parameter{'' if len(positional) == 1 else 's'}"
-    raise MetricLoadError(
-        f"{name}: {shown} takes {count}; score must take two, (input, output), or three, "
-        f"(input, output, expected). Define `{_SCORE_EXAMPLE}`.",
-        Item.SIGNATURE,
-    )
-
-
-def _signature(score: Callable[..., Any], name: str) -> inspect.Signature:
-    """score's signature, or a MetricLoadError when it cannot be read (some builtins and extension functions)."""
     try:
-        return inspect.signature(score)
-    except (TypeError, ValueError) as exc:
+        signature = inspect.signature(score)
+    except (TypeError, ValueError) as exc:  # some builtins and extension functions
         raise MetricLoadError(
             f"{name}: cannot read the parameters of score ({exc}). Define `{_SCORE_EXAMPLE}` in Python.",
             Item.SIGNATURE,
         ) from None
-
-
-def _check_keywords(signature: inspect.Signature, shown: str, name: str) -> None:
-    """No keyword-only parameter score would need: `expected` is passed by position, and nothing else is passed."""
     params = signature.parameters.values()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    problem = _keyword_problem(params)
+    if problem is None and any(p.kind is p.VAR_POSITIONAL for p in params) and len(positional) <= 3:
+        return True
+    if problem is None and len(positional) in (2, 3):
+        return len(positional) == 3
+    if problem is None:
+        count = f"{len(positional)} parameter{'' if len(positional) == 1 else 's'}"
+        problem = f"takes {count}; score must take two, (input, output), or three, (input, output, expected)"
+    raise MetricLoadError(f"{name}: score{signature} {problem}. Define `{_SCORE_EXAMPLE}`.", Item.SIGNATURE)
+
+
+def _keyword_problem(params: Any) -> str | None:
+    """What is wrong with score's keyword-only parameters: `expected` is passed by position, and nothing else is."""
     if any(p.name == "expected" and p.kind is p.KEYWORD_ONLY for p in params):
-        raise MetricLoadError(
-            f"{name}: {shown} takes `expected` as keyword-only, but it is passed by position. "
-            f"Define `{_SCORE_EXAMPLE}`.",
-            Item.SIGNATURE,
-        )
-    required_keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
-    if required_keywords:
-        raise MetricLoadError(
-            f"{name}: {shown} needs keyword-only argument(s) {', '.join(required_keywords)}, which are never "
-            f"passed. Define `{_SCORE_EXAMPLE}`.",
-            Item.SIGNATURE,
-        )
+        return "takes `expected` as keyword-only, but it is passed by position"
+    required = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    return f"needs keyword-only argument(s) {', '.join(required)}, which are never passed" if required else None
 
 
 def _code_file(fn: Any) -> str | None:
     """The file a score function's code is in (functions, methods, partials, callable objects)."""
-    for candidate in (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__")):
-        code = getattr(candidate, "__code__", None)
-        if isinstance(code, types.CodeType):
-            return code.co_filename
-    return None
+    return next((code.co_filename for code in _code_objects(fn)), None)
 
 
 def _code_objects(fn: Any) -> list[types.CodeType]:
-    found = []
-    for candidate in (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__")):
-        code = getattr(candidate, "__code__", None)
-        if isinstance(code, types.CodeType):
-            found.append(code)
-    return found
+    candidates = (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__"))
+    return [code for code in (getattr(c, "__code__", None) for c in candidates) if isinstance(code, types.CodeType)]
 
 
 def _names_in(code: types.CodeType) -> set[str]:
@@ -401,11 +329,8 @@ def _names_in(code: types.CodeType) -> set[str]:
 
 
 def uses_measurement(loaded: LoadedMetric) -> bool:
-    """Whether the metric's code refers to reward, observation or service_cost (so its runs must be measured).
-
-    Read from the code of score, of the metric's module and of the modules beside it; a metric that hides
-    the call (getattr with a built name) is caught at its first call instead (see the scorer).
-    """
+    """Whether the code of score, its module or the modules beside it refers to reward, observation or
+    service_cost (so its runs must be measured)."""
     names: set[str] = set()
     for code in _code_objects(loaded.score):
         names |= _names_in(code)
@@ -417,8 +342,6 @@ def uses_measurement(loaded: LoadedMetric) -> bool:
         for value in list(vars(module).values()):
             if isinstance(value, types.FunctionType):
                 names |= _names_in(value.__code__)
-            elif value is sys.modules.get("skynet_dspy.skynet"):
-                names.add("skynet")
         names |= set(vars(module)) & _MEASURING_NAMES
     return bool(names & _MEASURING_NAMES)
 

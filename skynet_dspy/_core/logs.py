@@ -1,10 +1,5 @@
-"""The package's logger, "skynet_dspy", whose every record is redacted before any handler sees it.
-
-A filter on the logger masks credentials in the formatted message (and in an exception or stack text,
-when a record has one), so no log line the package emits shows a key, whoever configured the handlers; and it
-shows control characters as visible escapes (safe_text.for_terminal), so a logged message a metric or a model
-wrote cannot drive the terminal the log is printed on.
-"""
+"""The package's logger, "skynet_dspy": every record is redacted, and its control characters shown as escapes,
+before any handler sees it."""
 
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ LOGGER_NAME = "skynet_dspy"
 
 
 class RedactingFilter(logging.Filter):
-    """Masks credentials in a record: its message is formatted once, redacted, and kept without its args."""
+    """Formats a record's message once, redacted and terminal-safe, and keeps it without its args."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:

@@ -29,30 +29,8 @@ JudgeCache: TypeAlias = bool | str | os.PathLike[str]
 
 
 class ScoringOptions(TypedDict, total=False):
-    """How a metric is called and bounded: the options every entry point takes.
-
-    Attributes:
-        timeout: Seconds one call of `score` may take (at most 600); importing the metric file too.
-        failure_score: What a failed call scores.
-        success_threshold: A call is a success (its Score is truthy) at or above this score; None: above 0.
-        judge_cache: llm() answers kept: True in memory, a folder on disk, a redis:// URL, or False.
-        judge_cache_size: The most bytes the disk cache keeps (None: 1 GiB).
-        judge_max_concurrency: At most N llm() requests in flight at once (None: no limit).
-        judge_rpm: At most R llm() requests started a minute, spread evenly (None: no limit).
-        feedback_limit: Characters of feedback kept (longer is cut, with a note).
-        memo_size: (example, prediction) results remembered, so GEPA's second call is free.
-        isolation: Where `score` runs: "process" (worker processes), "thread" (this process), "ray" or a
-            RayCluster.
-        workers: The most worker processes (per node with Ray); None: 32.
-        worker_max_calls: Replace a worker after this many calls (None: never).
-        worker_max_memory: Bytes (at least 1 MiB): replace a worker once it holds more memory of its own.
-        sandbox: True: every worker runs inside bubblewrap, no network, read-only filesystem.
-        sandbox_network: True: the sandbox keeps the host's network (needs sandbox=True).
-        measure: Measure each run (time, model calls, cost); None: when the metric uses reward(),
-            observation() or service_cost().
-        max_judge_cost_usd: A spending cap on llm() calls, in US dollars.
-        max_program_cost_usd: A spending cap on the program's measured model calls, in US dollars.
-    """
+    """How a metric is called and bounded: the options every entry point takes (each described, with its
+    default, under `Metric`)."""
 
     timeout: float
     failure_score: float
@@ -75,41 +53,22 @@ class ScoringOptions(TypedDict, total=False):
 
 
 class OutputOptions(TypedDict, total=False):
-    """How a DSPy prediction becomes the metric's `output`.
-
-    Attributes:
-        output_fields: The prediction's output fields, e.g. ["answer", "confidence"] (one name: its bare value).
-        to_output: A function prediction -> output, instead of output_fields.
-    """
+    """How a DSPy prediction becomes the metric's `output` (described under `Metric`)."""
 
     output_fields: Sequence[str] | str | None
     to_output: Callable[[Any], Any] | None
 
 
 class ModelOptions(TypedDict, total=False):
-    """The models llm() calls.
-
-    Attributes:
-        metric_lm: The model llm() calls.
-        reflection_lm: The model llm() calls when no metric_lm is given.
-    """
+    """The models llm() calls (described under `Metric`)."""
 
     metric_lm: ModelSpec
     reflection_lm: ModelSpec
 
 
 class JudgeOptions(TypedDict, total=False):
-    """`configure_llm()`'s options beside the models and the cache: how its llm() requests are sent.
-
-    Attributes:
-        cache_size: The most bytes a disk cache keeps (None: 1 GiB).
-        timeout: Seconds one request may take.
-        max_retries: Retries of a request that failed with 408, 429, 5xx or a connection error.
-        retry_base_delay: Seconds before the first retry (doubling after each).
-        max_cost_usd: A spending cap on its requests, in US dollars.
-        max_concurrency: At most N requests in flight at once (None: no limit).
-        rpm: At most R requests started a minute, spread evenly (None: no limit).
-    """
+    """`configure_llm()`'s options beside the models and the cache: how its llm() requests are sent (each
+    described, with its default, under `Judge`)."""
 
     cache_size: int | None
     timeout: float
@@ -125,35 +84,8 @@ class MetricOptions(ScoringOptions, OutputOptions, ModelOptions, total=False):
 
 
 class DspyGEPAOptions(TypedDict, total=False):
-    """dspy.GEPA's own options, passed to it unchanged (defaults as dspy.GEPA has them, but track_stats=True).
-
-    Attributes:
-        auto: The budget as "light", "medium" or "heavy" (exactly one of auto, max_metric_calls, max_full_evals).
-        max_full_evals: The budget in full evaluations of the data.
-        max_metric_calls: The budget in metric calls.
-        reflection_minibatch_size: Examples per reflection (3).
-        candidate_selection_strategy: "pareto" or "current_best".
-        skip_perfect_score: Skip reflecting on a minibatch that scores perfect_score (True).
-        add_format_failure_as_feedback: Feed DSPy's format failures to reflection (False).
-        instruction_proposer: A custom instruction proposer.
-        code_proposer: A custom code proposer.
-        component_selector: Which predictors to change ("round_robin").
-        use_merge: Merge candidates (True).
-        max_merge_invocations: The most merges (5).
-        num_threads: Threads for evaluation.
-        failure_score: What a program that raised scores (skynet_dspy.gepa() gives the metric's to both).
-        perfect_score: The score counted as perfect (1.0).
-        log_dir: Where GEPA keeps its run (resumable).
-        track_stats: Keep the candidates' scores (True here, so report() can read them).
-        use_wandb: Log to Weights & Biases.
-        wandb_api_key: Its key.
-        wandb_init_kwargs: Its wandb.init() settings.
-        track_best_outputs: Keep the best outputs per example.
-        warn_on_score_mismatch: Warn when feedback scores differ from the metric's.
-        use_mlflow: Log to MLflow.
-        seed: GEPA's random seed (0).
-        gepa_kwargs: Passed on to gepa.optimize.
-    """
+    """dspy.GEPA's own options, passed to it unchanged (defaults as dspy.GEPA has them, but track_stats=True);
+    dspy.GEPA's documentation describes each."""
 
     auto: Literal["light", "medium", "heavy"] | None
     max_full_evals: int | None
@@ -244,9 +176,7 @@ class OptimizeAnythingOptions(ScoringOptions, GEPAConfigOptions, total=False):
 
 def names(options: type[Mapping[str, Any]]) -> frozenset[str]:
     """The option names a TypedDict declares (its own and its bases')."""
-    return frozenset(getattr(options, "__annotations__", {})) | frozenset(
-        getattr(options, "__optional_keys__", frozenset()) | getattr(options, "__required_keys__", frozenset())
-    )
+    return frozenset(options.__optional_keys__ | options.__required_keys__)  # type: ignore[attr-defined]
 
 
 def check_names(where: str, given: Mapping[str, Any], options: type[Mapping[str, Any]]) -> None:

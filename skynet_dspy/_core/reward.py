@@ -14,36 +14,34 @@ COMPONENTS = ("accuracy", "speed", "cost")
 
 def validate_spec(spec: Any) -> dict[str, float]:
     """Check a REWARD_SPEC and return its weights rescaled to sum to 1."""
-    if not isinstance(spec, dict):
-        raise RewardSpecError(f"REWARD_SPEC must be a dict, got {shorten(spec)}")
-    unknown = sorted(set(map(str, spec)) - {"weights", *COMPONENTS})
-    if unknown:
-        raise RewardSpecError(
-            f"REWARD_SPEC has unknown key(s) {', '.join(unknown)}; allowed: weights, accuracy, speed, cost"
-        )
-    numbers = _weights(spec)
+    _checked("REWARD_SPEC", spec, ("weights", *COMPONENTS))
+    if "weights" not in spec:
+        raise RewardSpecError("REWARD_SPEC['weights'] is missing; give {'accuracy': w, 'speed': w, 'cost': w}")
+    weights = _checked("REWARD_SPEC['weights']", spec["weights"], COMPONENTS, " {'accuracy': w, 'speed': w, 'cost': w}")
+    numbers = {name: _weight(name, weights) for name in COMPONENTS}
+    if sum(numbers.values()) <= 0:
+        raise RewardSpecError("REWARD_SPEC['weights'] are all 0; at least one weight must be positive")
     for name in COMPONENTS:
-        _check_section(name, spec.get(name, {}))
+        section = _checked(f"REWARD_SPEC['{name}']", spec.get(name, {}), ("reference",))
+        if name != "accuracy" and "reference" not in section:
+            raise RewardSpecError(f"REWARD_SPEC['{name}']['reference'] is missing; give a positive number")
+        reference = as_number(section.get("reference", 1.0))
+        if reference is None or not (0 < reference < math.inf):
+            raise RewardSpecError(
+                f"REWARD_SPEC['{name}']['reference'] must be a positive number, got {shorten(section['reference'])}"
+            )
     total = sum(numbers.values())
     return {name: value / total for name, value in numbers.items()}
 
 
-def _weights(spec: dict[str, Any]) -> dict[str, float]:
-    """REWARD_SPEC['weights'], checked: a non-negative number for every component, one of them positive."""
-    if "weights" not in spec:
-        raise RewardSpecError("REWARD_SPEC['weights'] is missing; give {'accuracy': w, 'speed': w, 'cost': w}")
-    weights = spec["weights"]
-    if not isinstance(weights, dict):
-        raise RewardSpecError(
-            f"REWARD_SPEC['weights'] must be a dict {{'accuracy': w, 'speed': w, 'cost': w}}, got {shorten(weights)}"
-        )
-    extra = sorted(set(map(str, weights)) - set(COMPONENTS))
-    if extra:
-        raise RewardSpecError(f"REWARD_SPEC['weights'] has unknown key(s) {', '.join(extra)}")
-    numbers = {name: _weight(name, weights) for name in COMPONENTS}
-    if sum(numbers.values()) <= 0:
-        raise RewardSpecError("REWARD_SPEC['weights'] are all 0; at least one weight must be positive")
-    return numbers
+def _checked(where: str, value: Any, allowed: tuple[str, ...], shape: str = "") -> dict[str, Any]:
+    """`value` when it is a dict with no key but `allowed`; else a RewardSpecError naming `where`."""
+    if not isinstance(value, dict):
+        raise RewardSpecError(f"{where} must be a dict{shape}, got {shorten(value)}")
+    unknown = sorted(set(map(str, value)) - set(allowed))
+    if unknown:
+        raise RewardSpecError(f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    return value
 
 
 def _weight(name: str, weights: dict[str, Any]) -> float:
@@ -56,23 +54,6 @@ def _weight(name: str, weights: dict[str, Any]) -> float:
     if value < 0:
         raise RewardSpecError(f"REWARD_SPEC['weights']['{name}'] is negative ({value:g}); weights must be >= 0")
     return value
-
-
-def _check_section(name: str, section: Any) -> None:
-    """REWARD_SPEC[name], checked: a dict holding at most a positive 'reference' (required for speed and cost)."""
-    if not isinstance(section, dict):
-        raise RewardSpecError(f"REWARD_SPEC['{name}'] must be a dict, got {shorten(section)}")
-    unknown_fields = sorted(set(map(str, section)) - {"reference"})
-    if unknown_fields:
-        raise RewardSpecError(f"REWARD_SPEC['{name}'] has unknown key(s) {', '.join(unknown_fields)}")
-    if name in ("speed", "cost") and "reference" not in section:
-        raise RewardSpecError(f"REWARD_SPEC['{name}']['reference'] is missing; give a positive number")
-    if "reference" in section:
-        reference = as_number(section["reference"])
-        if reference is None or not (0 < reference < float("inf")):
-            raise RewardSpecError(
-                f"REWARD_SPEC['{name}']['reference'] must be a positive number, got {shorten(section['reference'])}"
-            )
 
 
 def falloff(reference: float, value: float) -> float:
@@ -96,15 +77,11 @@ def compute(
         raise TypeError(f"reward(): feedback must be a str, got {shorten(feedback)}")
     if observation is not None and observation.unmeasured_reason:
         unmeasured_reason = observation.unmeasured_reason
-    parts_and_lines = {
-        "accuracy": _accuracy_part(spec, accuracy_value),
-        "speed": _speed_part(spec, observation, unmeasured_reason),
-        "cost": _cost_part(spec, observation, unmeasured_reason),
-    }
-    parts = {name: part for name, (part, _) in parts_and_lines.items()}
-    lines = [line for _, line in parts_and_lines.values()]
+    pairs = (_accuracy_part(spec, accuracy_value), _speed_part(spec, observation, unmeasured_reason),
+             _cost_part(spec, observation, unmeasured_reason))
+    parts = {name: part for name, (part, _) in zip(COMPONENTS, pairs, strict=True)}
     total = sum(weights[name] * parts[name] for name in COMPONENTS)
-    text = "\n".join([feedback, *lines]) if feedback else "\n".join(lines)
+    text = "\n".join([feedback] * bool(feedback) + [line for _, line in pairs])
     return total, {"feedback": text, "scores": parts}
 
 

@@ -1,20 +1,8 @@
-"""Making text a model or a dataset wrote safe for each place the package shows or writes it.
+"""Making text a model or a dataset wrote safe for each place it is shown or written, one function per medium:
+valid UTF-8, a terminal (no control characters), HTML, a CSV cell (no formula), a plot label, JSON.
 
-One function per medium, used by every renderer (results_frame, report(), the contract report, the command
-line, MLflow files):
-
-- `valid_utf8`: lone surrogates ("\\ud83d", half an emoji) and other unencodable code points become visible
-  escapes, so writing the text never raises;
-- `for_terminal`: control characters other than newline and tab (ESC, OSC, CR, C1, bidi overrides) shown as
-  visible escapes (`\\x1b`), so printed text cannot move the cursor, set a title or write the clipboard;
-- `for_html`: escaped, nothing in it is markup;
-- `csv_cell`: a text cell a spreadsheet would evaluate (starting with = + - @ tab CR) gets a leading `'`, as
-  OWASP recommends; numbers stay numbers;
-- `for_plot`: one line, bounded, for matplotlib Text objects drawn with `literal_text` (no mathtext, no TeX);
-- `json_text` / `json_safe`: JSON that is valid UTF-8 and shows no raw control byte.
-
-Hand-written: no maintained library covers these media together (markupsafe escapes HTML only; the terminal
-and CSV rules are a few lines each). This module imports nothing from the package: every layer may use it.
+Hand-written: no maintained library covers these media together (markupsafe escapes HTML only). This module
+imports nothing from the package: every layer may use it.
 """
 
 from __future__ import annotations

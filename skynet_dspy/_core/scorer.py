@@ -1,9 +1,7 @@
 """A metric as the user's process sees it: plain values in, a Result out, whatever the metric does.
 
-The Scorer owns the executor (worker processes, or threads with isolation="thread"), turns what it
-reports into a Result (the failure score and neutral feedback on a failure), counts every kind of
-failure and says so in the log: once per kind, at once and loudly for a setup problem, and again
-when calls keep failing in a row. It knows nothing of DSPy.
+The Scorer owns the executor, turns what it reports into a Result, counts every kind of failure and logs it:
+once per kind, loudly for a setup problem, and again when calls keep failing in a row. It knows nothing of DSPy.
 """
 
 from __future__ import annotations
@@ -31,66 +29,41 @@ from .reward import validate_spec
 from .types import Failure, MetricInfo, Observation, Outcome, ProgramUsage, Result
 from .values import finite_number, whole_number
 
-ISOLATIONS = ("process", "thread", "ray")
 _LOUD_STREAKS = frozenset({10, 100, 1000, 10000})
 _SETUP_PROBLEMS = frozenset({Failure.JUDGE_NOT_CONFIGURED, Failure.JUDGE_ERROR, Failure.LOAD})
 
+_SETUP = "this is a setup problem, not a fault of the output."
+_NEUTRAL = {
+    Failure.EXCEPTION: "the metric raised {error_type} while scoring this output.",
+    Failure.TIMEOUT: "the metric timed out after {timeout:g} s on this output.",
+    Failure.INVALID: "the metric returned a value that breaks the metric contract ({rule}); this is a fault of the "
+    "metric, not of the output.",
+    Failure.CRASHED: "the metric's process stopped while scoring this output (it exited or crashed); this is a "
+    "fault of the metric.",
+    Failure.LOAD: f"the metric could not be loaded; {_SETUP}",
+    Failure.MEMORY: "the metric's process passed its memory limit while scoring this output; this is a limit of "
+    "the setup, not a fault of the output.",
+    Failure.OVERLOADED: "the metric was not run, because earlier calls are still stuck past their timeout.",
+    Failure.JUDGE_NOT_CONFIGURED: f"the metric's judge model is not configured; {_SETUP}",
+    Failure.JUDGE_ERROR: f"the metric's judge model could not answer; {_SETUP}",
+    Failure.JUDGE_UNREACHABLE: "the metric's judge model could not be reached (its requests failed after their "
+    "retries); this is not a fault of the output.",
+    Failure.SPEND_CAP: "a spending cap was reached, so no more model calls are made.",
+}
+
 
 def neutral_feedback(outcome: Outcome, timeout: float) -> str:
-    """The feedback of a failed call: what failed, in words built from nothing the metric chose.
-
-    See docs/contract.md#a-failed-call.
-    """
+    """The feedback of a failed call, built from nothing the metric chose (docs/contract.md#a-failed-call)."""
     kind = outcome.failure
-    if kind is Failure.EXCEPTION:
-        return f"Not scored: the metric raised {outcome.error_type or 'an exception'} while scoring this output."
-    if kind is Failure.TIMEOUT:
-        return f"Not scored: the metric timed out after {timeout:g} s on this output."
-    if kind is Failure.INVALID:
-        return (
-            f"Not scored: the metric returned a value that breaks the metric contract ({outcome.rule}); "
-            "this is a fault of the metric, not of the output."
-        )
-    if kind is Failure.CRASHED:
-        if outcome.error_type == "fork":
-            return "Not scored: the metric tried to start a process of its own; this is a fault of the metric."
-        return (
-            "Not scored: the metric's process stopped while scoring this output (it exited or crashed); "
-            "this is a fault of the metric."
-        )
-    if kind is Failure.LOAD:
-        return "Not scored: the metric could not be loaded; this is a setup problem, not a fault of the output."
-    if kind is Failure.MEMORY:
-        return (
-            "Not scored: the metric's process passed its memory limit while scoring this output; "
-            "this is a limit of the setup, not a fault of the output."
-        )
-    if kind is Failure.OVERLOADED:
-        return "Not scored: the metric was not run, because earlier calls are still stuck past their timeout."
-    if kind is Failure.JUDGE_NOT_CONFIGURED:
-        return (
-            "Not scored: the metric's judge model is not configured; this is a setup problem, "
-            "not a fault of the output."
-        )
-    if kind is Failure.JUDGE_ERROR:
-        return (
-            "Not scored: the metric's judge model could not answer; this is a setup problem, not a fault of the output."
-        )
-    if kind is Failure.JUDGE_UNREACHABLE:
-        return (
-            "Not scored: the metric's judge model could not be reached (its requests failed after their retries); "
-            "this is not a fault of the output."
-        )
-    if kind is Failure.SPEND_CAP:
-        return "Not scored: a spending cap was reached, so no more model calls are made."
-    return "Not scored: the metric could not score this output."
+    if kind is Failure.CRASHED and outcome.error_type == "fork":
+        return "Not scored: the metric tried to start a process of its own; this is a fault of the metric."
+    text = _NEUTRAL.get(kind, "the metric could not score this output.")  # type: ignore[arg-type]
+    return "Not scored: " + text.format(error_type=outcome.error_type or "an exception", timeout=timeout,
+                                        rule=outcome.rule)
 
 
 class Scorer:
-    """Loads a metric (in worker processes by default) and scores plain values with it; never raises for its faults.
-
-    `llm` answers the metric's llm() calls; without it llm() raises ModelNotConfigured.
-    """
+    """Loads a metric and scores plain values with it, never raising for its faults; `llm` answers its llm()."""
 
     def __init__(
         self,
@@ -102,7 +75,6 @@ class Scorer:
         isolation: str | RayCluster = "process",
         workers: int | None = None,
         llm: LLMHandler | None = None,
-        setup_hint: str = "",
         worker_max_calls: int | None = None,
         worker_max_memory: int | None = None,
         sandbox: bool = False,
@@ -115,7 +87,6 @@ class Scorer:
         _check_workers(isolation, workers, worker_max_calls, worker_max_memory)
         self.isolation = "ray" if cluster is not None else str(isolation)
         self.llm = llm
-        self.setup_hint = setup_hint  # how to configure the judge, added to the error for a setup problem
         # the pool's memory check (worker_max_memory) holds in a sandbox too; its address-space limit is a backstop
         # with room for what a process maps but never uses (thread stacks, libraries), so it never fires first
         backstop = None if worker_max_memory is None else 2 * worker_max_memory + 2**30
@@ -148,8 +119,6 @@ class Scorer:
         self._program = ProgramUsage()  # the measured runs of the calls made, added up
         self.closed = False
 
-    # -- scoring -------------------------------------------------------------------------------
-
     def score(self, request: CallRequest) -> Result:
         """Run one call and give its Result: the metric's own on success, the failure score otherwise."""
         if self.closed:  # the caller's mistake, not the metric's: an error, never a failure scored as the metric's
@@ -161,6 +130,8 @@ class Scorer:
             raise WorkerError(f"the metric {self.info.label} was closed while this call ran; nothing was scored")
         with self._lock:
             self._counts["calls"] += 1
+            if outcome.result is not None:
+                self._streak = 0
             if isinstance(request.observation, Observation):
                 self._program = self._program.plus(request.observation)
         problem = outcome.judge_problem
@@ -172,8 +143,6 @@ class Scorer:
 
     def _succeeded(self, result: Result) -> Result:
         """The Result of a call that worked: its feedback cut to the limit, no key in what reaches the optimizer."""
-        with self._lock:
-            self._streak = 0
         result = finish_feedback(result, self.feedback_limit)
         if result.extra and self.isolation != "thread":
             result = replace(result, extra=_redacted(result.extra))
@@ -255,11 +224,10 @@ class Scorer:
             if key in self._logged:
                 return
             self._logged.add(key)
-        hint = f" {self.setup_hint}" if self.setup_hint and kind is Failure.JUDGE_NOT_CONFIGURED else ""
         which = "Calls" if kind is Failure.LOAD else "Calls that need the judge"
         logger.error(
-            "skynet-dspy metric %s: %s: %s.%s %s score %g until this is fixed.",
-            self.info.label, kind, secrets.redact(detail).rstrip("."), hint, which, self.failure_score,
+            "skynet-dspy metric %s: %s: %s. %s score %g until this is fixed.",
+            self.info.label, kind, secrets.redact(detail).rstrip("."), which, self.failure_score,
         )
 
     def count(self, kind: str) -> None:
@@ -290,7 +258,7 @@ class Scorer:
 def _cluster(isolation: Any) -> RayCluster | None:
     """The Ray cluster `isolation` names (None for "process" or "thread"); a ValueError for anything else."""
     cluster = RayCluster() if isolation == "ray" else isolation if isinstance(isolation, RayCluster) else None
-    if cluster is None and isolation not in ISOLATIONS:
+    if cluster is None and isolation not in ("process", "thread"):
         raise ValueError(
             f"isolation must be 'process' (the default), 'thread', 'ray' or a skynet_dspy.RayCluster(...), "
             f"got {isolation!r}"
@@ -324,18 +292,14 @@ def _default_handler(instructions: str, input: str | None, settings: dict[str, A
     return handler(instructions, input, settings)
 
 
-def _redacted(extra: dict[Any, Any]) -> dict[Any, Any]:
+def _redacted(value: Any) -> Any:
     """Extra values from a worker, with credentials masked in every string they hold."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, str):
-            return secrets.redact(value)
-        if isinstance(value, list):
-            return [clean(item) for item in value]
-        if isinstance(value, tuple):
-            return tuple(clean(item) for item in value)
-        if isinstance(value, dict):
-            return {clean(key): clean(item) for key, item in value.items()}
-        return value
-
-    return {key: clean(value) for key, value in extra.items()}
+    if isinstance(value, str):
+        return secrets.redact(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_redacted(item) for item in value)
+    if isinstance(value, dict):
+        return {_redacted(key): _redacted(item) for key, item in value.items()}
+    return value

@@ -91,28 +91,19 @@ class Result:
         """A copy whose dicts are the caller's own: changing them changes no other call's result."""
         if not self.scores and not self.extra:
             return self
-        return replace(
-            self,
-            scores=dict(self.scores) if self.scores is not None else None,
-            extra=_copied(self.extra),
-        )
-
-
-def _copied(extra: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return copy.deepcopy(extra)
-    except Exception:  # a value that refuses copying is shared, the dict itself is not
-        return dict(extra)
+        try:
+            extra = copy.deepcopy(self.extra)
+        except Exception:  # a value that refuses copying is shared, the dict itself is not
+            extra = dict(self.extra)
+        return replace(self, scores=dict(self.scores) if self.scores is not None else None, extra=extra)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
 class Outcome:
-    """What an executor reports of one call of `score`, before the scorer turns it into a Result.
+    """What an executor reports of one call of `score` (exactly one of `result` and `failure` set).
 
-    Exactly one of `result` (the call returned a valid value) and `failure` is set. `rule` is the broken
-    contract rule for INVALID, safe to show an optimizer; `error_type` the exception's type name for
-    EXCEPTION; `detail` the full message, for the user only. `judge_problem` is set when llm() hit a
-    setup problem (no model, a refused key) during the call, even if the metric carried on.
+    `rule`: the broken contract rule (INVALID), safe for an optimizer; `error_type`: the exception's type name;
+    `detail`: the full message, for the user only; `judge_problem`: a setup problem llm() hit during the call.
     """
 
     result: Result | None = None
@@ -140,10 +131,7 @@ class _Counts:
         values: dict[str, Any] = {}
         for entry in fields(self):  # type: ignore[arg-type]
             mine, theirs = getattr(self, entry.name), getattr(other, entry.name)
-            if isinstance(mine, bool) or not isinstance(mine, (int, float)) or not isinstance(theirs, (int, float)):
-                values[entry.name] = None if mine is None or theirs is None else mine
-            else:
-                values[entry.name] = mine + sign * theirs
+            values[entry.name] = None if mine is None or theirs is None else mine + sign * theirs
         return replace(self, **values)  # type: ignore[type-var]
 
     def __add__(self, other: Self) -> Self:
@@ -183,13 +171,10 @@ class Usage(_Counts):
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """The program's measured run on the example being scored (read-only).
+    """The program's measured run on the example being scored (read-only); a figure is None when not measured.
 
-    A figure is None when it could not be measured; `unmeasured_reason` (the whole run) and
-    `cost_unknown_reason` (the cost alone, e.g. a model with no known price) say why. A model call answered
-    from DSPy's or LiteLLM's cache is measured as the call it replays: the tokens, cost and latency it had when
-    first made (so a cached run scores as the run it replays); the cached_* figures are the part of the totals
-    that was replayed, not spent now.
+    A model call answered from DSPy's or LiteLLM's cache counts as the call it replays (its first tokens, cost and
+    latency); the cached_* figures are the part of the totals replayed, not spent now.
 
     Attributes:
         run_ms: Wall time of the program's run on the example, in milliseconds.
@@ -349,11 +334,11 @@ class MetricInfo:
         is_async: Whether score is an `async def` (awaited on an event loop of each call's own).
     """
 
-    name: str  # for messages and result columns: the file's stem, or the function's name
-    label: str  # the source as the user gave it: a path, a module name, a function's qualified name
-    takes_expected: bool  # score(input, output, expected) rather than score(input, output)
+    name: str
+    label: str
+    takes_expected: bool
     reward_spec: dict[str, Any] | None = None
-    uses_measurement: bool = False  # its code refers to reward / observation / service_cost
-    file: str | None = None  # the metric's source file, when it has one
-    hint: str | None = None  # advice about the signature (e.g. a DSPy-style score(example, pred, trace))
-    is_async: bool = False  # score is an `async def`
+    uses_measurement: bool = False
+    file: str | None = None
+    hint: str | None = None
+    is_async: bool = False

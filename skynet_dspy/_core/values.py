@@ -1,13 +1,10 @@
-"""Reading values that may be hostile, and checking option values: one implementation of each rule.
-
-Everything here is safe on user objects: it never raises because an object's own methods do, and
-every text it builds from a value is shortened and redacted.
-"""
+"""Reading values that may be hostile (never raising, texts shortened and redacted), and checking option values."""
 
 from __future__ import annotations
 
 import builtins
 import difflib
+import keyword
 import math
 import numbers
 import re
@@ -19,13 +16,10 @@ from . import secrets
 
 
 def as_number(value: Any) -> float | None:
-    """`value` as a float when it is a real number (int, float, bool, NumPy real), else None.
-
-    What counts as a number: docs/contract.md#return-value.
-
-    An integer too large for a float becomes ±inf, so it is rejected as infinite rather than as "not a
-    number". Never raises, whatever the object's methods do.
-    """
+    """`value` as a float when it is a real number (docs/contract.md#return-value), else None; never raises.
+    An integer too large for a float becomes ±inf (rejected as infinite, not as "not a number")."""
+    if type(value) is float:  # the common case, without the numbers.Real check
+        return value
     try:
         if isinstance(value, (str, bytes)):
             return None
@@ -54,40 +48,34 @@ def a_type(value: Any) -> str:
 
 
 _PARTIAL_END = re.compile(r"\S+\Z")
-_PARTIAL_START = re.compile(r"\A\S+")
+
+
+def _head(text: str, size: int) -> str:
+    """The first `size` characters of `text`, less the word the cut falls in: a key cut in two is a key redaction
+    no longer knows (a worker process knows no env key at all)."""
+    head = text[:size]
+    if head and size < len(text) and not head[-1].isspace() and not text[size].isspace():
+        head = _PARTIAL_END.sub("", head)
+    return head
 
 
 def _cut_middle(text: str, limit: int) -> str:
-    """`text` as its head, '...' and its tail, `limit` characters at most, never keeping part of a word.
-
-    A key cut in two is a key redaction no longer knows (in a worker process, which has no credentials
-    in its environment, no env key is known at all), so a cut drops the whole word it falls in.
-    """
+    """`text` as its head, '...' and its tail, `limit` characters at most, never keeping part of a word."""
     if len(text) <= limit:
         return text
     i = max(0, (limit - 3) // 2)
     j = max(0, limit - 3 - i)
-    head, tail = text[:i], text[len(text) - j:] if j else ""
-    if head and not head[-1].isspace() and not text[i].isspace():
-        head = _PARTIAL_END.sub("", head)
-    if tail and not tail[0].isspace() and not text[len(text) - j - 1].isspace():
-        tail = _PARTIAL_START.sub("", tail)
-    return head + "..." + tail
+    tail = _head(text[::-1], j)[::-1] if j else ""
+    return _head(text, i) + "..." + tail
 
 
 def clip_words(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters ending in '...', dropping the word the cut falls in (see _cut_middle)."""
-    if len(text) <= limit:
-        return text
-    keep = text[: max(0, limit - 3)]
-    if keep and not keep[-1].isspace() and not text[len(keep)].isspace():
-        keep = _PARTIAL_END.sub("", keep)
-    return keep + "..."
+    """`text` cut to `limit` characters ending in '...', dropping the word the cut falls in."""
+    return text if len(text) <= limit else _head(text, max(0, limit - 3)) + "..."
 
 
 class _Repr(reprlib.Repr):
-    """reprlib that masks credentials before shortening, and cuts only between words, so no fragment of a key
-    survives a cut."""
+    """reprlib that masks credentials before shortening, and cuts only between words."""
 
     def repr_str(self, x: str, level: int) -> str:
         text = secrets.redact(str.__str__(x))
@@ -137,8 +125,6 @@ def exception_text(exc: BaseException) -> str:
 
 def identifier(text: str) -> str:
     """`text` as a Python identifier: 'my-metric' -> 'my_metric', '2024' -> 'metric_2024' (metric and column names)."""
-    import keyword
-
     name = "".join(char if char.isalnum() or char == "_" else "_" for char in str(text)) or "metric"
     if name[0].isdigit() or keyword.iskeyword(name):
         name = f"metric_{name}"
@@ -169,11 +155,9 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
         raise TypeError(
             f"llm() input must be a str or None, got {type(input).__name__}; format it first, e.g. json.dumps(...)"
         )
-    _check_encodable("instructions", instructions)
-    if input is not None:
-        _check_encodable("input", input)
-    for name, value in settings.items():
-        _check_encodable(str(name), value)
+    texts = {"instructions": instructions, "input": input or ""} | {str(key): val for key, val in settings.items()}
+    for name, value in texts.items():
+        _check_encodable(name, value)
     refused = sorted({"messages", "stream"} & settings.keys())
     if refused:
         raise TypeError(f"llm() does not take {', '.join(refused)}: it sends one request and returns its text")
@@ -188,13 +172,9 @@ def check_llm_arguments(instructions: Any, input: Any, settings: dict[str, Any])
 
 def _check_encodable(name: str, value: Any) -> None:
     """The metric's ValueError for text no provider can take (a lone surrogate, half an emoji): named, never sent."""
-    if isinstance(value, str):
-        texts = [value]
-    elif isinstance(value, (list, tuple)):  # e.g. stop=[...]
-        texts = [item for item in value if isinstance(item, str)]
-    else:
-        return
-    for text in texts:
+    for text in [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else ():  # stop=[]
+        if not isinstance(text, str):
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -210,8 +190,8 @@ COMPLETION_TOKENS = ("completion_tokens", "output_tokens")  # ... and its comple
 
 
 def token_count(usage: Any, names: Iterable[str]) -> int:
-    """A token count from a model's usage record (a dict or an object, of any library): the first of `names`
-    holding a whole number, at least 0; 0 when none does. Never raises."""
+    """A token count from a model's usage record (a dict or an object): the first of `names` holding a whole
+    number, at least 0; 0 when none does. Never raises."""
     for name in names:
         try:
             value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
@@ -219,7 +199,7 @@ def token_count(usage: Any, names: Iterable[str]) -> int:
                 continue
             return max(0, int(value))
         except Exception:  # not a number (or an object whose attribute raises): the next name
-            continue
+            pass
     return 0
 
 
@@ -240,8 +220,6 @@ def usd(amount: float | None) -> str:
     decimals = 3 - math.floor(math.log10(amount))
     return f"{sign}${amount:.{decimals}f}".rstrip("0").rstrip(".")
 
-
-# -- option values --------------------------------------------------------------------------
 
 
 def seconds(name: str, value: Any, *, maximum: float | None = None, default: float | None = None) -> float:
@@ -274,12 +252,12 @@ def finite_number(name: str, value: Any, *, default: float | None = None) -> flo
 def unknown_option(where: str, name: str, known: Iterable[str]) -> TypeError:
     """The TypeError for a misspelt option: it names the closest known one, and lists them all."""
     names = sorted(set(known))
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(name, names)
+    hint = f" (did you mean {close!r}?)" if close else ""
     return TypeError(f"{where} got an unknown option {name!r}{hint}. Options: {', '.join(names)}")
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:
     """The known name closest to `name` (a likely typo), or None."""
-    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    found = difflib.get_close_matches(name, list(known), n=1)
     return found[0] if found else None

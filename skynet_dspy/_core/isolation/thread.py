@@ -1,21 +1,7 @@
-"""isolation="thread": score runs in the user's own process, under a timeout it cannot always enforce.
-
-For people who accept its limits in exchange for microsecond overhead: Python cannot stop a thread,
-so a CPU-bound or C-level loop keeps running after its timeout, and a metric can block signals.
-
-- On the main thread (dspy.Evaluate with one thread, BootstrapFewShot, direct calls, the contract
-  check) the call runs inline, watched by one shared watchdog thread. Past the deadline the
-  watchdog sends the main thread a real-time signal whose handler raises CallTimedOut inside
-  `score`; a signal interrupts sleeps, socket reads and lock waits, so the call returns at the
-  timeout. No thread handoff: this is the cheap path.
-- On any other thread (DSPy's parallel executors) the call runs on a daemon thread from a
-  process-wide pool and the caller waits at most `timeout`. A thread whose call overran is
-  abandoned, finishes on its own and rejoins the pool; once `max_stuck` calls of one executor are
-  stuck so, its further calls are refused at once instead of piling up threads.
-
-Where signals are unavailable (not Linux, or the signal is taken), pooled threads serve the main
-thread too.
-"""
+"""isolation="thread": score runs in this process under a timeout it cannot always enforce (a thread cannot be
+stopped). On the main thread the call runs inline and a watchdog thread's real-time signal raises CallTimedOut
+in it at the deadline; elsewhere (DSPy's parallel executors) it runs on a pooled daemon thread the caller waits
+for at most `timeout`, abandoned if it overruns (at most `max_stuck` of one runner, then calls are refused)."""
 
 from __future__ import annotations
 
@@ -27,6 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -36,14 +23,9 @@ from ..loading import LoadedMetric
 from ..types import Failure, MetricInfo, Outcome
 from ..values import whole_number
 
-DEFAULT_MAX_STUCK = 16
 _MAX_IDLE = 64  # idle threads kept in the process-wide pool; more exit when they finish
 _REFIRE = 1.0  # seconds between signals to a main-thread call that swallowed CallTimedOut
-
-_copy_context = contextvars.copy_context
-_get_ident = threading.get_ident
-_monotonic = time.monotonic
-_MAIN_IDENT = threading.main_thread().ident or 0  # never None: the main thread has started
+_MAIN_IDENT = threading.main_thread().ident or 0
 
 
 class Ran(StrEnum):
@@ -55,54 +37,45 @@ class Ran(StrEnum):
     OVERLOADED = "overloaded"
 
 
-# -- pooled threads ----------------------------------------------------------------------------
-
-
 class _PooledThread:
     """A daemon thread that runs one call at a time, for whichever runner took it from the pool."""
 
-    __slots__ = ("runner", "wake", "done", "fn", "args", "context", "ran", "value", "abandoned")
+    __slots__ = ("runner", "wake", "done", "job", "ran", "value", "abandoned")
 
     def __init__(self) -> None:
-        self.runner: TimeoutRunner | None = None  # the runner of the call in progress
-        self.wake = threading.Lock()  # held while there is no job
+        self.runner: TimeoutRunner | None = None
+        self.wake, self.done = threading.Lock(), threading.Lock()  # held while there is no job / no result
         self.wake.acquire()
-        self.done = threading.Lock()  # held until the job's result is ready
         self.done.acquire()
-        self.fn: Callable[..., Any] | None = None
-        self.args: tuple[Any, ...] = ()
-        self.context: contextvars.Context | None = None
-        self.ran = Ran.DONE
+        self.job: tuple[contextvars.Context, Callable[..., Any], tuple[Any, ...]] | None = None
+        self.ran, self.abandoned = Ran.DONE, False
         self.value: Any = None
-        self.abandoned = False
         threading.Thread(target=self._loop, name="skynet-metric", daemon=True).start()
 
     def _loop(self) -> None:
-        wake = self.wake
         while True:
-            wake.acquire()
-            fn = self.fn
-            if fn is None:
+            self.wake.acquire()
+            if self.job is None:
                 return
+            context, fn, args = self.job
             try:
-                self.value = self.context.run(fn, *self.args)  # type: ignore[union-attr]
-                self.ran = Ran.DONE
+                self.ran, self.value = Ran.DONE, context.run(fn, *args)
             except BaseException as exc:  # noqa: BLE001 - contained, handed to the caller
-                self.value = exc
-                self.ran = Ran.RAISED
-            fn = None  # hold no reference while idle
+                self.ran, self.value = Ran.RAISED, exc
+            del context, fn, args  # hold no reference while idle
             if not self._hand_back():
                 return
 
     def _hand_back(self) -> bool:
         """Give the result to the waiting caller, or, when it gave up, rejoin the pool on our own."""
         runner = self.runner
-        with runner._lock:  # type: ignore[union-attr]
+        assert runner is not None
+        with runner._lock:
             if not self.abandoned:
                 self.done.release()  # the caller takes the result and returns this thread to the pool
                 return True
             self.abandoned = False
-            runner.stuck -= 1  # type: ignore[union-attr]
+            runner.stuck -= 1
         return _release(self)
 
 
@@ -111,47 +84,33 @@ _idle: list[_PooledThread] = []  # the process-wide pool (list.pop and list.appe
 
 def _release(worker: _PooledThread) -> bool:
     """Put a thread whose call is over back in the pool; False (and it should exit) when the pool is full."""
-    worker.runner = worker.fn = worker.context = worker.value = None
-    worker.args = ()
+    worker.runner = worker.job = worker.value = None
     if len(_idle) >= _MAX_IDLE:
         return False
     _idle.append(worker)
     return True
 
 
-# -- the main thread's watchdog ------------------------------------------------------------------
-
-
+@dataclass(slots=True)
 class _InlineCall:
-    """An inline main-thread call in progress, as the watchdog sees it."""
-
-    __slots__ = ("deadline", "timeout", "fired", "finished")
-
-    def __init__(self, timeout: float):
-        self.deadline = _monotonic() + timeout
-        self.timeout = timeout
-        self.fired = False  # the watchdog signalled it
-        self.finished = False
+    timeout: float
+    deadline: float
+    fired: bool = False  # the watchdog signalled it
+    finished: bool = False
 
 
 class _Watchdog:
-    """One thread that signals the main thread when the inline call in progress passes its deadline.
-
-    It sleeps until the active call's deadline, or, with no call, for the shortest timeout seen:
-    a new call's deadline is then never earlier than the next wake-up, so starting a call only
-    writes a field, without waking this thread.
-    """
+    """Signals the main thread when the inline call passes its deadline. With no call it sleeps for the shortest
+    timeout seen, so starting a call only writes a field, without waking this thread."""
 
     def __init__(self, signum: int):
         self.signum = signum
         self.cond = threading.Condition(threading.Lock())
         self.active: _InlineCall | None = None
-        self.wake_at = math.inf
-        self.shortest = math.inf
+        self.wake_at = self.shortest = math.inf
         threading.Thread(target=self._loop, name="skynet-metric-watchdog", daemon=True).start()
 
     def wake_for(self, call: _InlineCall) -> None:
-        """Wake the thread to look at a call that ends before its planned wake-up."""
         with self.cond:
             self.shortest = min(self.shortest, call.timeout)
             self.wake_at = min(self.wake_at, call.deadline)  # so the next calls need not wake it again
@@ -160,18 +119,17 @@ class _Watchdog:
     def _loop(self) -> None:
         with self.cond:
             while True:
-                now = _monotonic()
-                call = self.active
-                if call is not None and call.finished:
-                    call = None
-                if call is None:
+                now, call = time.monotonic(), self.active
+                if call is None or call.finished:
                     wait = self.shortest
                 elif now < call.deadline:
                     wait = call.deadline - now
                 else:
                     call.fired = True
-                    if signal.getsignal(self.signum) is _on_signal:
+                    if signal.getsignal(self.signum) is _on_signal:  # checked here: too slow for every call
                         signal.pthread_kill(_MAIN_IDENT, self.signum)
+                    else:  # our handler was replaced, so a signal stops no call: later calls go to pooled threads
+                        _disable_inline()
                     wait = _REFIRE
                 self.wake_at = now + wait
                 self.cond.wait(None if math.isinf(wait) else wait)
@@ -182,27 +140,25 @@ _inline_ready: bool | None = None  # None: not tried yet; False: unavailable her
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    watchdog = _watchdog
-    call = watchdog.active if watchdog is not None else None
+    call = _watchdog.active if _watchdog is not None else None
     if call is not None and call.fired and not call.finished:
         raise CallTimedOut(f"the metric ran past its timeout of {call.timeout:g} s")
+
+
+def _disable_inline() -> None:
+    global _inline_ready
+    _inline_ready = False
 
 
 def _inline_watchdog() -> _Watchdog | None:
     """The watchdog for inline main-thread calls, set up on first use; None when they are unavailable."""
     global _watchdog, _inline_ready
     if _inline_ready:
-        watchdog = _watchdog
-        if watchdog is not None and signal.getsignal(watchdog.signum) is _on_signal:
-            return watchdog
-        _inline_ready = False  # someone replaced our handler: a signal would not stop the call any more
-        return None
+        return _watchdog
     if _inline_ready is not None:
         return None
     _inline_ready = False
-    if os.environ.get("SKYNET_DSPY_INLINE_TIMEOUT", "1") == "0":
-        return None
-    if not hasattr(signal, "pthread_kill") or not hasattr(signal, "SIGRTMAX"):
+    if os.environ.get("SKYNET_DSPY_INLINE_TIMEOUT", "1") == "0" or not hasattr(signal, "SIGRTMAX"):
         return None
     signum = signal.SIGRTMAX - 2
     try:
@@ -211,53 +167,40 @@ def _inline_watchdog() -> _Watchdog | None:
         signal.signal(signum, _on_signal)
     except (ValueError, OSError, RuntimeError):
         return None
-    _watchdog = _Watchdog(signum)
-    _inline_ready = True
+    _watchdog, _inline_ready = _Watchdog(signum), True
     return _watchdog
 
-
-# -- the runner ------------------------------------------------------------------------------------
 
 _runners: weakref.WeakSet[TimeoutRunner] = weakref.WeakSet()
 
 
 class TimeoutRunner:
-    """Runs callables under a timeout, returning (how it ended, value) no later than the timeout.
+    """Runs callables under a timeout: (DONE, value), (RAISED, exception), (TIMED_OUT, None), or (OVERLOADED,
+    stuck count) when `max_stuck` earlier calls still run past theirs. `inline_main=False`: main thread pooled too."""
 
-    (DONE, value), (RAISED, exception), (TIMED_OUT, None), or (OVERLOADED, stuck count) when
-    `max_stuck` earlier calls of this runner are still running past their timeout.
-    `inline_main=False` sends main-thread calls to pooled threads as well.
-    """
-
-    def __init__(self, max_stuck: int = DEFAULT_MAX_STUCK, *, inline_main: bool = True):
+    def __init__(self, max_stuck: int = 16, *, inline_main: bool = True):
         self.max_stuck = whole_number("max_stuck", max_stuck, minimum=1, unit="stuck calls")
         self.inline_main = inline_main
-        self.stuck = 0  # calls of this runner abandoned at their timeout and still running
+        self.stuck = 0  # calls abandoned at their timeout and still running
         self._lock = threading.Lock()
         _runners.add(self)
 
     def run(self, fn: Callable[..., Any], timeout: float, args: tuple[Any, ...] = ()) -> tuple[Ran, Any]:
         """Call fn(*args) in a copy of the caller's context; see the class for what comes back."""
-        if self.inline_main and _get_ident() == _MAIN_IDENT:
+        if self.inline_main and threading.get_ident() == _MAIN_IDENT:
             watchdog = _inline_watchdog()
             if watchdog is not None and watchdog.active is None:  # a nested call goes to a pooled thread
                 return _run_inline(watchdog, fn, args, timeout)
-        return self._run_on_worker(fn, args, timeout)
-
-    def _run_on_worker(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> tuple[Ran, Any]:
         if self.stuck >= self.max_stuck:
             return Ran.OVERLOADED, self.stuck
-        try:
-            worker = _idle.pop()
-        except IndexError:
-            worker = _PooledThread()
-        worker.runner, worker.fn, worker.args, worker.context = self, fn, args, _copy_context()
+        worker = _idle.pop() if _idle else _PooledThread()
+        worker.runner, worker.job = self, (contextvars.copy_context(), fn, args)
         worker.wake.release()
         try:
             finished = worker.done.acquire(True, timeout)
         except BaseException:  # e.g. KeyboardInterrupt while waiting: leave the thread to finish alone
             if self._abandon(worker) and not _release(worker):
-                worker.wake.release()  # fn is None now: the thread exits
+                worker.wake.release()  # job is None now: the thread exits
             raise
         if not finished and not self._abandon(worker):
             return Ran.TIMED_OUT, None
@@ -277,48 +220,35 @@ class TimeoutRunner:
 
 
 def _run_inline(watchdog: _Watchdog, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> tuple[Ran, Any]:
-    call = _InlineCall(timeout)
+    call = _InlineCall(timeout, time.monotonic() + timeout)
     watchdog.active = call
     if call.deadline < watchdog.wake_at or timeout < watchdog.shortest:
         watchdog.wake_for(call)
     try:
         try:
-            ran, value = Ran.DONE, _copy_context().run(fn, *args)
+            ran, value = Ran.DONE, contextvars.copy_context().run(fn, *args)
         finally:
             call.finished = True
-    except CallTimedOut:  # each handler marks the call finished again: the signal may land before the finally did
+    except BaseException as exc:  # noqa: BLE001 - the signal may land before the finally did: mark it finished again
         call.finished = True
-        ran, value = Ran.TIMED_OUT, None
-    except KeyboardInterrupt:
-        call.finished = True
+        ran, value = (Ran.TIMED_OUT, None) if isinstance(exc, CallTimedOut) else (Ran.RAISED, exc)
+    finally:
         watchdog.active = None
-        raise
-    except BaseException as exc:  # noqa: BLE001 - contained, handed to the caller
-        call.finished = True
-        ran, value = Ran.RAISED, exc
-    watchdog.active = None
-    if call.fired:  # ran past the deadline, whatever it did with the CallTimedOut
-        return Ran.TIMED_OUT, None
-    return ran, value
+    if isinstance(value, KeyboardInterrupt) and ran is Ran.RAISED:
+        raise value  # the user's Ctrl-C
+    return (Ran.TIMED_OUT, None) if call.fired else (ran, value)  # past the deadline, whatever it did
 
 
 def _after_fork_in_child() -> None:
     """In a forked child only the forking thread exists: forget the parent's threads and watchdog."""
     global _watchdog, _inline_ready, _MAIN_IDENT
-    _MAIN_IDENT = threading.get_ident()
-    _watchdog = None
-    _inline_ready = None
+    _MAIN_IDENT, _watchdog, _inline_ready = threading.get_ident(), None, None
     _idle.clear()
     for runner in list(_runners):
-        runner._lock = threading.Lock()
-        runner.stuck = 0
+        runner._lock, runner.stuck = threading.Lock(), 0
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# -- the executor ----------------------------------------------------------------------------------
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ThreadExecutor:
@@ -333,7 +263,7 @@ class ThreadExecutor:
 
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
         """One call of score under the timeout; an Outcome whatever the metric does (short of a C-level hang)."""
-        contain = _get_ident() != _MAIN_IDENT  # on the main thread a KeyboardInterrupt may be the user's Ctrl-C
+        contain = threading.get_ident() != _MAIN_IDENT  # on the main thread a KeyboardInterrupt may be a Ctrl-C
         scope = CallScope()  # ended with the call, even one left running past its timeout: its llm() requests stop
         try:
             ran, value = self._runner.run(
@@ -342,17 +272,13 @@ class ThreadExecutor:
         finally:
             scope.end()
         if ran is Ran.DONE:
-            outcome: Outcome = value
-            return outcome
+            return value  # type: ignore[no-any-return]
+        if ran is Ran.RAISED:
+            raise value  # KeyboardInterrupt on a pooled thread while the user's process is stopping
         if ran is Ran.TIMED_OUT:
             return Outcome(failure=Failure.TIMEOUT, detail=f"score() did not return within {self.timeout:g} s")
-        if ran is Ran.OVERLOADED:
-            return Outcome(
-                failure=Failure.OVERLOADED,
-                detail=f"{value} earlier calls are still running past their timeout of {self.timeout:g} s "
-                "(isolation='thread' cannot stop them; the default isolation='process' can)",
-            )
-        raise value  # KeyboardInterrupt on a pooled thread while the user's process is stopping
+        return Outcome(failure=Failure.OVERLOADED, detail=f"{value} earlier calls are still running past their "
+                       f"timeout of {self.timeout:g} s (isolation='thread' cannot stop them; isolation='process' can)")
 
     def close(self) -> None:
         """Nothing to release: pooled threads are shared and exit with the process."""

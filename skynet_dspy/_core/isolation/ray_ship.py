@@ -1,8 +1,7 @@
 """What travels to the nodes of isolation="ray": how a node finds the metric, and the code shipped with it.
 
-A metric file travels with its folder (Ray's runtime_env `working_dir`), a package of the user's as
-`py_modules`, a `score` defined in a notebook by value (cloudpickle). Files that hold keys are left out of
-what is uploaded (`SECRET_FILES`, before the user's own `excludes`, which may re-include one with `!name`).
+A metric file travels with its folder (runtime_env `working_dir`), a package of the user's as `py_modules`, a
+`score` defined in a notebook by value (cloudpickle); files that hold keys are left out (SECRET_FILES).
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from ..logs import logger
 from ..values import exception_text
 from . import wire
 
-# Left out of every uploaded working_dir and py_modules (gitignore patterns, as Ray's `excludes`): files that
-# hold keys by their name. The user's `excludes` come after, so `"!.env"` there ships a .env all the same.
+# Left out of what is uploaded (gitignore patterns, as Ray's `excludes`); the user's `excludes` come after them
 SECRET_FILES = (
     ".env", ".env.*", "*.env", ".envrc", ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials",
     "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_*", "!id_*.py", "credentials", "credentials.*",
@@ -31,13 +29,8 @@ SECRET_FILES = (
 )
 
 def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
-    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there.
-
-    A metric file: its folder becomes the working_dir (unless one is given, which must then hold the file),
-    and the node loads it by its path there. A module: by name, its top package shipped with py_modules when
-    it is the user's own code. A `score` function: by value (cloudpickle), as to a local worker process; its
-    module's folder is the working_dir when the function is pickled by reference from a file of the user's.
-    """
+    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there: a file
+    by its path in the working_dir, a module by name, a function by value (cloudpickle, as to a local worker)."""
     import cloudpickle
 
     env = dict(runtime_env or {})
@@ -64,8 +57,7 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
 
 
 def _ship_module(source: ModuleType, env: dict[str, Any]) -> bytes:
-    """How a node finds a metric module with a file: by name (a package of the user's shipped with py_modules, or
-    installed on the nodes as here), or by its path in the working_dir (a module file of the user's)."""
+    """A module by name (a package of the user's shipped as py_modules, or installed), or a file of the user's."""
     file = str(source.__file__)
     top = sys.modules.get(source.__name__.partition(".")[0])
     if top is not None and getattr(top, "__path__", None) and _users_own(file):
@@ -76,11 +68,10 @@ def _ship_module(source: ModuleType, env: dict[str, Any]) -> bytes:
 
 
 def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
-    """The runtime_env with its local working_dir and py_modules uploaded to the cluster (gcs:// URIs).
+    """The runtime_env with its local working_dir and py_modules uploaded (gcs:// URIs), SECRET_FILES left out.
 
-    Ray uploads local folders only for a runtime_env given to ray.init(), and the package may be joining a Ray
-    the user already started: so it uploads them itself with the functions ray.init() uses (private API of ray,
-    checked against 2.60), respecting .gitignore/.rayignore and `excludes` as ray.init() does; SECRET_FILES first.
+    Ray uploads local folders only for a runtime_env given to ray.init(), and the Ray may be the user's: so with
+    the functions ray.init() uses (private API of ray, checked against 2.60), honouring .gitignore as it does.
     """
     if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
         return runtime_env
@@ -96,10 +87,12 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             "2.60): pip install 'skynet-dspy[ray]' to get a Ray it knows"
         ) from None
 
+    from ray.util.client import ray as client
+
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
     with _pin_lock, tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
         pin = os.environ.get(_PIN_VARIABLE)
-        if _through_ray_client():
+        if client.is_connected():  # type: ignore[no-untyped-call]
             # Ray Client 2.60 proxies the upload's "pin this package" call to a server that lacks it (the call
             # never returns): the package is not pinned; the node hosts created next hold it instead
             os.environ[_PIN_VARIABLE] = "0"
@@ -109,9 +102,8 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
                                                logger=logger)
         finally:
-            if pin is None:
-                os.environ.pop(_PIN_VARIABLE, None)
-            else:
+            os.environ.pop(_PIN_VARIABLE, None)
+            if pin is not None:
                 os.environ[_PIN_VARIABLE] = pin
     env.pop("excludes", None)
     return env
@@ -119,15 +111,6 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
 
 _PIN_VARIABLE = "RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S"  # Ray's setting: how long an upload is pinned
 _pin_lock = threading.Lock()
-
-
-def _through_ray_client() -> bool:
-    try:
-        from ray.util import client
-    except ImportError:
-        return False
-    connected: Any = client.ray.is_connected
-    return bool(connected())
 
 
 def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:

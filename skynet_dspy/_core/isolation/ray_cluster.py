@@ -181,7 +181,7 @@ class RayExecutor:
     def _loaded(self, host: _Host, ref: Any) -> MetricInfo | dict[str, Any]:
         """The metric's info once the host has loaded it (it takes calls), else why not (the host is dropped)."""
         try:
-            reply = _event(self._call(self._ray.get, ref, timeout=self.timeout + START_TIMEOUT))
+            reply = self._get(ref, self.timeout + START_TIMEOUT)
         except _Closed:
             raise
         except Exception as exc:  # noqa: BLE001 - a node that cannot host the metric is left out
@@ -233,11 +233,6 @@ class RayExecutor:
                 self._cond.wait()
         return None
 
-    def _give_back(self, host: _Host) -> None:
-        with self._cond:
-            host.in_flight -= 1
-            self._cond.notify()
-
     def _drop(self, host: _Host, lost: bool = False) -> None:
         """No more calls go to this host (its calls in flight fail); a lost one is replaced at the next call."""
         with self._cond:
@@ -263,6 +258,11 @@ class RayExecutor:
                 self._busy -= 1
                 self._cond.notify_all()
 
+    def _get(self, ref: Any, timeout: float) -> dict[str, Any]:
+        """A node's reply, read with the class-refusing unpickler."""
+        reply: dict[str, Any] = wire.from_worker(self._call(self._ray.get, ref, timeout=timeout))
+        return reply
+
     # -- a call ------------------------------------------------------------------------------
 
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
@@ -284,7 +284,9 @@ class RayExecutor:
             return self._exchange(host, payload, scope.bind(llm))
         finally:
             scope.end()
-            self._give_back(host)
+            with self._cond:
+                host.in_flight -= 1
+                self._cond.notify()
 
     def _exchange(self, host: _Host, payload: bytes, llm: LLMHandler | None) -> Outcome:
         call_id = next(self._ids)
@@ -294,7 +296,7 @@ class RayExecutor:
             ref = self._call(host.actor.start.remote, call_id, payload)
             while True:
                 try:
-                    event = _event(self._call(ray.get, ref, timeout=max(0.0, deadline - time.monotonic())))
+                    event = self._get(ref, max(0.0, deadline - time.monotonic()))
                 except ray.exceptions.GetTimeoutError:
                     self._drop(host, lost=True)
                     return Outcome(failure=Failure.CRASHED, detail=f"the Ray node {host.node_id[:12]} did not answer "
@@ -370,14 +372,6 @@ def _load_error(problem: dict[str, Any] | None) -> Exception:
     if item == "not_found":
         return FileNotFoundError(message)
     return MetricLoadError(f"on the Ray cluster: {message}", Item(item) if item in set(Item) else Item.LOADS)
-
-
-def _event(data: bytes) -> dict[str, Any]:
-    """A node's event, read with the class-refusing unpickler (ValueError for anything but a dict)."""
-    event = wire.from_worker(data)
-    if not isinstance(event, dict):
-        raise ValueError("the Ray node sent an unexpected reply")
-    return event
 
 
 def _llm_error(exc: BaseException) -> dict[str, Any]:

@@ -147,14 +147,11 @@ class _Session:
     def _stop_local(self) -> None:
         helper, self.helper = self.helper, None
         if helper is not None:
-            assert helper.stdin is not None
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                helper.stdin.close()  # the helper calls ray.shutdown(), which stops what it started
-                helper.wait(60)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                helper.communicate(timeout=60)  # its stdin closed, the helper calls ray.shutdown()
             tree.kill_descendants(helper.pid, self.mark())  # whatever outlived ray.shutdown()
-            if helper.poll() is None:
-                helper.kill()
-                helper.wait()
+            helper.kill()  # nothing when it has exited
+            helper.wait()
             logger.debug("local Ray's output: %s", self._output())
         folder, self.folder = self.folder, None
         if folder is not None:

@@ -23,7 +23,7 @@ from ..errors import NO_JUDGE_MODEL, LLMCallError, MetricLoadError, ModelNotConf
 from ..logs import logger
 from ..secrets import env_credential, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
-from ..values import check_llm_arguments, exception_text, whole_number
+from ..values import exception_text, whole_number
 from . import wire
 from .process import DEFAULT_MAX_WORKERS, checked_again
 from .ray_node import DEADLINE_MARGIN, NodeHost
@@ -302,11 +302,9 @@ class RayExecutor:
                     return Outcome(failure=Failure.CRASHED, detail=f"the Ray node {host.node_id[:12]} did not answer "
                                    f"within {self._deadline:g} s (2 x timeout + {DEADLINE_MARGIN:g} s); it takes no "
                                    "more calls")
-                if event.get("kind") == "outcome":
-                    return checked_again(wire.outcome_from_plain(event.get("outcome")), self.feedback_limit)
-                if event.get("kind") != "llm":
-                    return Outcome(failure=Failure.CRASHED, detail="the Ray node sent an unexpected reply")
-                self._serve(host, call_id, event, llm)
+                if event["kind"] == "outcome":
+                    return checked_again(wire.outcome_from_plain(event["outcome"]), self.feedback_limit)
+                self._serve(host, call_id, event, llm)  # an llm() request
                 ref = self._call(host.actor.next_event.remote, call_id)
         except _Closed:
             return Outcome(failure=Failure.CRASHED, detail="this metric was closed during the call")
@@ -322,13 +320,11 @@ class RayExecutor:
         runs on). The node's pool bounds the requests of one call, as locally."""
 
         def answer() -> None:
-            instructions, input_text, settings = event.get("instructions"), event.get("input"), event.get("settings")
             try:
-                settings = settings if isinstance(settings, dict) else {}
                 if llm is None:
                     raise ModelNotConfigured(NO_JUDGE_MODEL)
-                check_llm_arguments(instructions, input_text, settings)  # again here: a node is not trusted
-                reply: dict[str, Any] = {"text": str(llm(instructions, input_text, settings))}  # type: ignore[arg-type]
+                # checked on the node (its worker pool's relay), as locally
+                reply: dict[str, Any] = {"text": str(llm(event["instructions"], event["input"], event["settings"]))}
             except Exception as exc:  # noqa: BLE001 - every failure is answered, or the call would wait
                 reply = _llm_error(exc)
             with contextlib.suppress(Exception):  # the node is gone or the metric closed: nobody is waiting

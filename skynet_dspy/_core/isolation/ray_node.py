@@ -93,8 +93,7 @@ class NodeHost:
 
     def next_event(self, call_id: int) -> bytes:
         """The call's next event: an llm() request or its outcome."""
-        events = self._events.get(call_id)
-        event = events.get() if events is not None else {"kind": "unknown"}
+        event = self._events[call_id].get()
         if event["kind"] == "outcome":
             self._events.pop(call_id, None)
         return wire.to_parent(event)

@@ -119,19 +119,13 @@ def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
     if given is None:
         env["working_dir"] = str(path.parent)
         return path.name
-    if not isinstance(given, (str, Path)) or "://" in str(given):
+    folder = Path(str(given)).expanduser().resolve()
+    if not path.is_relative_to(folder):
         raise ValueError(
-            "runtime_env['working_dir'] is a remote package, so the metric file cannot be found in it; give a local "
-            "folder holding the metric file, or leave working_dir out (the metric's folder is shipped)"
+            f"the metric file {path} is not inside runtime_env['working_dir'] ({given}), so it would not reach the "
+            "nodes; give a local folder holding it, or leave working_dir out (the metric's folder is shipped)"
         )
-    folder = Path(given).expanduser().resolve()
-    try:
-        return str(path.relative_to(folder))
-    except ValueError:
-        raise ValueError(
-            f"the metric file {path} is not inside runtime_env['working_dir'] ({folder}), so it would not reach the "
-            "nodes; move it there, or leave working_dir out (the metric's folder is shipped)"
-        ) from None
+    return str(path.relative_to(folder))
 
 
 def _import_root(name: str, file: Path) -> Path:

@@ -43,10 +43,6 @@ class NodeHost:
 
         try:
             source = pickle.loads(self._source)
-            if isinstance(source, dict):
-                import importlib
-
-                source = importlib.import_module(source["module"])
             self._executor = ProcessExecutor(source, self._timeout, **self._pool)
         except Exception as exc:  # noqa: BLE001 - the driver gets the reason in words, whatever it was
             item = str(exc.item) if isinstance(exc, MetricLoadError) else None

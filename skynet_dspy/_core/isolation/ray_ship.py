@@ -30,7 +30,8 @@ SECRET_FILES = (
 
 def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
     """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there: a file
-    by its path in the working_dir, a module by name, a function by value (cloudpickle, as to a local worker)."""
+    by its path in the working_dir, a module or function of the user's by name (with its package, or its folder),
+    any other function by value (cloudpickle, as to a local worker)."""
     import cloudpickle
 
     env = dict(runtime_env or {})
@@ -39,32 +40,23 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
         if not path.is_file():
             raise FileNotFoundError(f"metric file not found: {source}")
         return pickle.dumps(_relative_to_working_dir(path, env)), env
-    if isinstance(source, ModuleType):
-        if source.__name__ != "__main__" and getattr(source, "__file__", None) is not None:
-            return _ship_module(source, env), env
+    if isinstance(source, ModuleType) and (source.__name__ == "__main__" or not getattr(source, "__file__", None)):
         source = getattr(source, "score", source)  # sent by value below
-    module = sys.modules.get(getattr(source, "__module__", None) or "")
+    module = source if isinstance(source, ModuleType) else sys.modules.get(getattr(source, "__module__", "") or "")
     file = getattr(module, "__file__", None)
-    if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
-        env["working_dir"] = str(_import_root(module.__name__, Path(file).resolve()))
+    if module is not None and module.__name__ != "__main__" and file and _users_own(file):
+        top = sys.modules.get(module.__name__.partition(".")[0], module)
+        if getattr(top, "__path__", None):
+            env["py_modules"] = [*env.get("py_modules", ()), top]  # the user's package, imported by name there
+        elif "working_dir" not in env:
+            env["working_dir"] = str(Path(file).resolve().parent)
     try:
-        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env
+        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env  # a module, or an importable function: by name
     except Exception as exc:
         raise MetricLoadError(
             f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
             f"({exception_text(exc)}); define score in a metric.py and load that file"
         ) from None
-
-
-def _ship_module(source: ModuleType, env: dict[str, Any]) -> bytes:
-    """A module by name (a package of the user's shipped as py_modules, or installed), or a file of the user's."""
-    file = str(source.__file__)
-    top = sys.modules.get(source.__name__.partition(".")[0])
-    if top is not None and getattr(top, "__path__", None) and _users_own(file):
-        env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
-    elif _users_own(file):
-        return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env))
-    return pickle.dumps({"module": source.__name__})
 
 
 def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
@@ -126,12 +118,6 @@ def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
             "nodes; give a local folder holding it, or leave working_dir out (the metric's folder is shipped)"
         )
     return str(path.relative_to(folder))
-
-
-def _import_root(name: str, file: Path) -> Path:
-    """The folder from which `import name` finds `file` (for a.b in /x/a/b.py: /x)."""
-    depth = name.count(".") + 1 + (file.name == "__init__.py")
-    return file.parents[depth - 1] if depth <= len(file.parents) else file.parent
 
 
 def _users_own(file: str) -> bool:

@@ -364,10 +364,8 @@ def _load_error(problem: dict[str, Any] | None) -> Exception:
     """The error of a metric that no node could load (`problem`: the first node's reply)."""
     if problem is None:
         return WorkerError("the Ray cluster has no alive node to run the metric on")
-    message, item = str(problem.get("message")), problem.get("item")
-    if item == "not_found":
-        return FileNotFoundError(message)
-    return MetricLoadError(f"on the Ray cluster: {message}", Item(item) if item in set(Item) else Item.LOADS)
+    item = Item(problem["item"]) if problem.get("item") in set(Item) else Item.LOADS
+    return MetricLoadError(f"on the Ray cluster: {problem.get('message')}", item)
 
 
 def _llm_error(exc: BaseException) -> dict[str, Any]:

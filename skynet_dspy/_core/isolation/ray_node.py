@@ -46,7 +46,6 @@ class NodeHost:
             self._executor = ProcessExecutor(source, self._timeout, **self._pool)
         except Exception as exc:  # noqa: BLE001 - the driver gets the reason in words, whatever it was
             item = str(exc.item) if isinstance(exc, MetricLoadError) else None
-            item = "not_found" if isinstance(exc, FileNotFoundError) else item
             message = str(exc) if item else exception_text(exc)
             return wire.to_parent({"kind": "load_failed", "message": message, "item": item})
         return wire.to_parent({"kind": "loaded", "info": wire.info_to_plain(self._executor.info)})

@@ -164,34 +164,25 @@ class _Session:
     # -- quiet -----------------------------------------------------------------------------------
 
     def _quiet(self) -> None:
-        """Ray's records to the package's logger, in place of Ray's default stderr handler (put back at the end)."""
-        ray_logger = logging.getLogger("ray")
-        ray_logger.addHandler(_to_package)
-        self.quieted = [handler for handler in ray_logger.handlers if type(handler).__name__ == "PlainRayHandler"]
+        """Ray's records to the package's logger, not Ray's default stderr handler (until _loud())."""
+        ray_handlers = logging.getLogger("ray").handlers
+        self.quieted = [handler for handler in ray_handlers if type(handler).__name__ == "PlainRayHandler"]
         for handler in self.quieted:
-            ray_logger.removeHandler(handler)
+            handler.addFilter(_to_package)
 
     def _loud(self) -> None:
-        ray_logger = logging.getLogger("ray")
-        ray_logger.removeHandler(_to_package)
         for handler in self.quieted:
-            ray_logger.addHandler(handler)
+            handler.removeFilter(_to_package)
         self.quieted = []
 
 
-class _ToPackage(logging.Handler):
-    """A Ray log record, re-logged on the "skynet_dspy" logger: at debug, or at warning for an error."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        level = logging.WARNING if record.levelno >= logging.ERROR else logging.DEBUG
-        try:
-            if logger.isEnabledFor(level):
-                logger.log(level, "ray (%s): %s", record.name, record.getMessage())
-        except Exception:  # noqa: BLE001 - a log record never breaks a call
-            self.handleError(record)
-
-
-_to_package = _ToPackage()
+def _to_package(record: logging.LogRecord) -> bool:
+    """A Ray log record, re-logged on the "skynet_dspy" logger (at debug, or at warning for an error), not shown."""
+    level = logging.WARNING if record.levelno >= logging.ERROR else logging.DEBUG
+    with contextlib.suppress(Exception):  # a log record never breaks a call
+        if logger.isEnabledFor(level):
+            logger.log(level, "ray (%s): %s", record.name, record.getMessage())
+    return False
 
 
 def _running_local_ray() -> str | None:

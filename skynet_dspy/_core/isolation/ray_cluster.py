@@ -139,8 +139,11 @@ class RayExecutor:
         try:
             self.runtime_env = uploaded(runtime_env)  # what the node hosts get (code uploaded: gcs:// URIs)
             info = self._place()
-            if not isinstance(info, MetricInfo):
-                raise _load_error(info)
+            if info is None:
+                raise WorkerError("the Ray cluster has no alive node to run the metric on")
+            if isinstance(info, dict):  # no node loaded it: the first one's reason
+                item = Item(info["item"]) if info.get("item") in set(Item) else Item.LOADS
+                raise MetricLoadError(f"on the Ray cluster: {info.get('message')}", item)
         except BaseException:
             self.close()
             raise
@@ -358,14 +361,6 @@ class RayExecutor:
         with self._cond:
             hosts = [host for host in self._hosts if host.ready]
         return [self._call(self._ray.get, host.actor.pids.remote(), timeout=30) for host in hosts]
-
-
-def _load_error(problem: dict[str, Any] | None) -> Exception:
-    """The error of a metric that no node could load (`problem`: the first node's reply)."""
-    if problem is None:
-        return WorkerError("the Ray cluster has no alive node to run the metric on")
-    item = Item(problem["item"]) if problem.get("item") in set(Item) else Item.LOADS
-    return MetricLoadError(f"on the Ray cluster: {problem.get('message')}", item)
 
 
 def _llm_error(exc: BaseException) -> dict[str, Any]:

@@ -42,14 +42,7 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
         return pickle.dumps(_relative_to_working_dir(path, env)), env
     if isinstance(source, ModuleType) and (source.__name__ == "__main__" or not getattr(source, "__file__", None)):
         source = getattr(source, "score", source)  # sent by value below
-    module = source if isinstance(source, ModuleType) else sys.modules.get(getattr(source, "__module__", "") or "")
-    file = getattr(module, "__file__", None)
-    if module is not None and module.__name__ != "__main__" and file and _users_own(file):
-        top = sys.modules.get(module.__name__.partition(".")[0], module)
-        if getattr(top, "__path__", None):
-            env["py_modules"] = [*env.get("py_modules", ()), top]  # the user's package, imported by name there
-        elif "working_dir" not in env:
-            env["working_dir"] = str(Path(file).resolve().parent)
+    _carry_module(source, env)
     try:
         return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env  # a module, or an importable function: by name
     except Exception as exc:
@@ -57,6 +50,19 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
             f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
             f"({exception_text(exc)}); define score in a metric.py and load that file"
         ) from None
+
+
+def _carry_module(source: Any, env: dict[str, Any]) -> None:
+    """The user's module (the source, or a function's) travels: its package as py_modules, else its folder."""
+    module = source if isinstance(source, ModuleType) else sys.modules.get(getattr(source, "__module__", "") or "")
+    file = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or not file or not _users_own(file):
+        return
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    if getattr(top, "__path__", None):
+        env["py_modules"] = [*env.get("py_modules", ()), top]  # imported by name there
+    elif "working_dir" not in env:
+        env["working_dir"] = str(Path(file).resolve().parent)
 
 
 def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:

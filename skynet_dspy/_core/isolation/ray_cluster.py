@@ -1,10 +1,9 @@
 """isolation="ray": metric calls on a Ray cluster, each node running the package's own worker pool (ray_node.py).
 
 The driver (the user's process) keeps a host actor per node, sends each call to the least busy one and keeps its
-own deadline (2 x timeout + a margin): a call on a lost node scores `crashed` and is never re-run (Ray's retries
-are off). llm() is served here, with this process's judge and keys; what a node sends is read by wire.py's
-class-refusing unpickler and checked against the contract again. The connection to Ray is ray_session.py's; what
-travels to the nodes, ray_ship.py's. Ray is imported lazily (`pip install "skynet-dspy[ray]"`).
+own deadline (2 x timeout + a margin): a call on a lost node scores `crashed`, never re-run. llm() is served
+here, with this process's judge and keys; a node's replies are read by wire.py's class-refusing unpickler and
+checked again. Ray is imported lazily (`pip install "skynet-dspy[ray]"`).
 """
 
 from __future__ import annotations

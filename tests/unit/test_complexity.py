@@ -21,10 +21,8 @@ LEFT: dict[str, int] = {
     "_core/isolation/process.py:ProcessExecutor._acquire": 18,
     "_core/isolation/process.py:ProcessExecutor._run_once": 17,
     "_core/isolation/process.py:ProcessExecutor._await_in": 17,
-    "_core/isolation/ray_cluster.py:ship": 18,
-    "_core/isolation/ray_cluster.py:RayExecutor._place": 17,
 }
-LONG_LEFT = {"_core/isolation/ray_cluster.py"}
+LONG_LEFT: set[str] = set()
 
 
 def _sources() -> list[Path]:

@@ -1,20 +1,14 @@
-"""isolation="ray": metric calls on a Ray cluster, each node running the package's own worker pool.
+"""isolation="ray": metric calls on a Ray cluster, each node running the package's own worker pool (ray_node.py).
 
-The user's process (the driver) starts one host actor per node (ray_node.py), sends each call to the least busy
-node and keeps its own deadline (2 x timeout + a margin): a node lost mid-call scores the call `crashed`. Ray's
-retries are off (max_restarts=0, max_task_retries=0): a call is never silently re-run. Calls in flight follow
-the caller's threads, as with local worker processes: each node's pool grows to the calls it is sent, up to
-`workers_per_node` (default: the local pool's ceiling).
-
-llm() is served by the driver (its judge, cache, spend caps and rate limits; no key on the node); what a node
-sends is read by wire.py's class-refusing unpickler and the outcome is checked against the contract again here.
-The connection to Ray is ray_session.py's; what travels to the nodes, ray_ship.py's.
-
-Ray is imported lazily (`pip install "skynet-dspy[ray]"`).
+The driver (the user's process) keeps a host actor per node, sends each call to the least busy one and keeps its
+own deadline (2 x timeout + a margin): a call on a lost node scores `crashed`, never re-run. llm() is served
+here, with this process's judge and keys; a node's replies are read by wire.py's class-refusing unpickler and
+checked again. Ray is imported lazily (`pip install "skynet-dspy[ray]"`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -24,27 +18,21 @@ from typing import Any
 
 from ..call import CallRequest
 from ..context import CallScope, LLMHandler, llm_pool
-from ..errors import (
-    NO_JUDGE_MODEL,
-    LLMCallError,
-    MetricLoadError,
-    ModelNotConfigured,
-    WorkerError,
-    judge_failure,
-)
+from ..errors import NO_JUDGE_MODEL, LLMCallError, MetricLoadError, ModelNotConfigured, WorkerError, judge_failure
 from ..logs import logger
 from ..secrets import env_credential, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
-from ..values import check_llm_arguments, exception_text, whole_number
+from ..values import exception_text, whole_number
 from . import wire
 from .process import DEFAULT_MAX_WORKERS, checked_again
 from .ray_node import DEADLINE_MARGIN, NodeHost
 from .ray_session import START_TIMEOUT, session
 from .ray_ship import ship, uploaded
 
-MAX_LLM_AT_ONCE = 16  # llm() requests one call may have in flight; more are refused at once (as in process.py)
 REFRESH_EVERY = 10.0  # seconds between looks for nodes without a host (a new node, a lost host replaced)
 _STOP_WAIT = 10.0  # seconds close() gives the node hosts to stop their workers before killing them
+_NOT_LOADED = "skynet-dspy: a Ray node could not load the metric and takes no calls: %s"
+
 
 @dataclass(frozen=True)
 class RayCluster:
@@ -70,12 +58,11 @@ class RayCluster:
             raise TypeError(f"RayCluster address must be a Ray address such as 'head:6379', got {self.address!r}")
         if self.workers_per_node is not None:
             whole_number("workers_per_node", self.workers_per_node, minimum=1, unit="worker processes")
-        if self.runtime_env is not None:
-            if not isinstance(self.runtime_env, Mapping):
-                raise TypeError(
-                    f"RayCluster runtime_env must be a dict (Ray's runtime_env), got {type(self.runtime_env).__name__}"
-                )
-            check_runtime_env(self.runtime_env)
+        if self.runtime_env is not None and not isinstance(self.runtime_env, Mapping):
+            raise TypeError(
+                f"RayCluster runtime_env must be a dict (Ray's runtime_env), got {type(self.runtime_env).__name__}"
+            )
+        check_runtime_env(self.runtime_env or {})
 
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
@@ -83,9 +70,8 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     env_vars = runtime_env.get("env_vars") or {}
     if not isinstance(env_vars, Mapping):
         raise TypeError("runtime_env['env_vars'] must be a dict of environment variables")
+    # the rule of the workers' environment: TOKENIZERS_PARALLELISM=false is a setting, not a key
     for name, value in env_vars.items():
-        # the rule of the workers' environment (secrets.credential_free_environment): TOKENIZERS_PARALLELISM=false
-        # is a setting, not a key
         if env_credential(str(name), str(value)):
             raise ValueError(
                 f"runtime_env['env_vars'] holds {name}, whose name says it is a credential: keys stay on this "
@@ -111,7 +97,6 @@ def _strings(value: Any, where: str) -> list[tuple[str, str]]:
     return []
 
 
-
 # -- on the driver ----------------------------------------------------------------------------------
 
 
@@ -125,9 +110,8 @@ class _Host:
 
     actor: Any
     node_id: str
-    capacity: int
     in_flight: int = 0
-    lost: bool = False
+    ready: bool = False  # loaded and not lost: it takes calls
 
 
 class RayExecutor:
@@ -135,12 +119,12 @@ class RayExecutor:
 
     def __init__(self, source: Any, timeout: float, feedback_limit: int, cluster: RayCluster,
                  workers: int | None = None, *, max_calls: int | None = None, max_memory: int | None = None):
-        self._recycle = {"max_calls": max_calls, "max_memory": max_memory}  # for each node's pool
         self.timeout = timeout
         self.feedback_limit = feedback_limit
-        self.cluster = cluster
         # calls in flight on a node at most: its pool grows to the calls it is sent, as a local one does
         self._per_node = cluster.workers_per_node or workers or DEFAULT_MAX_WORKERS
+        self._pool = {"feedback_limit": feedback_limit, "max_workers": self._per_node, "max_calls": max_calls,
+                      "max_memory": max_memory}  # each node's ProcessExecutor
         self._source, runtime_env = ship(source, cluster.runtime_env)
         self._deadline = 2 * timeout + DEADLINE_MARGIN
         self._cond = threading.Condition()
@@ -153,129 +137,115 @@ class RayExecutor:
         self._ray = session.acquire(cluster.address)
         try:
             self.runtime_env = uploaded(runtime_env)  # what the node hosts get (code uploaded: gcs:// URIs)
-            first = self._place(initial=True)
+            info = self._place()
+            if info is None:
+                raise WorkerError("the Ray cluster has no alive node to run the metric on")
+            if isinstance(info, dict):  # no node loaded it: the first one's reason
+                item = Item(info["item"]) if info.get("item") in set(Item) else Item.LOADS
+                raise MetricLoadError(f"on the Ray cluster: {info.get('message')}", item)
         except BaseException:
             self.close()
             raise
-        self.info: MetricInfo = first
+        self.info: MetricInfo = info
 
     # -- the hosts ---------------------------------------------------------------------------
 
-    def _alive_nodes(self) -> list[tuple[str, int]]:
-        return [(str(node["NodeID"]), self._per_node) for node in self._call(self._ray.nodes) if node.get("Alive")]
-
-    def _place(self, initial: bool = False) -> MetricInfo:
-        """A host on every alive node without a live one; the metric's info (MetricLoadError when none loads)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    def _place(self) -> MetricInfo | dict[str, Any] | None:
+        """A host on every alive node without one: the metric's info, else why no host loaded (None: no node)."""
         with self._placing:
             self._refreshed = time.monotonic()
             with self._cond:
                 hosted = {host.node_id for host in self._hosts}
-            remote = self._ray.remote(NodeHost)
-            started = []
-            for node_id, capacity in self._alive_nodes():
-                if node_id in hosted:
-                    continue
-                options: dict[str, Any] = {
-                    "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2 * capacity + 4,
-                    "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
-                }
-                if self.runtime_env:
-                    options["runtime_env"] = self.runtime_env
-                actor = self._call(remote.options(**options).remote, self._source, self.timeout, self.feedback_limit,
-                                   capacity, self._recycle)
-                host = _Host(actor, node_id, capacity, lost=True)  # lost (takes no call) until it has loaded
-                with self._cond:
-                    self._hosts.append(host)  # so close() stops it even while it loads
-                started.append((host, self._call(actor.load.remote)))
-            info, problem = None, None
-            for host, ref in started:
-                try:
-                    reply = _event(self._call(self._ray.get, ref, timeout=self.timeout + START_TIMEOUT))
-                except Exception as exc:  # noqa: BLE001 - a node that cannot host the metric is left out
-                    reply = {"kind": "load_failed", "item": None, "message": _ray_failure(exc)}
-                if reply.get("kind") == "loaded" and isinstance(reply.get("info"), dict):
-                    info = info or wire.info_from_plain(reply["info"])
-                    with self._cond:
-                        host.lost = False
-                        self._cond.notify_all()
-                    continue
-                problem = problem or reply
-                self._kill(host)
-                with self._cond:
-                    self._hosts.remove(host)
-            if info is not None or not initial:
-                if problem is not None:
-                    logger.warning("skynet-dspy: a Ray node could not load the metric and takes no calls: %s",
-                                   problem.get("message"))
-                return info  # type: ignore[return-value]
-            if problem is None:
-                raise WorkerError("the Ray cluster has no alive node to run the metric on")
-            message, item = str(problem.get("message")), problem.get("item")
-            if item == "not_found":
-                raise FileNotFoundError(message)
-            raise MetricLoadError(f"on the Ray cluster: {message}", Item(item) if item in set(Item) else Item.LOADS)
+            alive = [str(node["NodeID"]) for node in self._call(self._ray.nodes) if node.get("Alive")]
+            loads = [self._start_host(node_id) for node_id in alive if node_id not in hosted]
+            found = [self._loaded(host, ref) for host, ref in loads]
+        problems = [reply for reply in found if isinstance(reply, dict)]
+        info = next((reply for reply in found if isinstance(reply, MetricInfo)), None)
+        if problems and info is not None:
+            logger.warning(_NOT_LOADED, problems[0].get("message"))
+        return info if info is not None else (problems[0] if problems else None)
+
+    def _start_host(self, node_id: str) -> tuple[_Host, Any]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options: dict[str, Any] = {
+            "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2 * self._per_node + 4,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        }
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        remote = self._ray.remote(NodeHost).options(**options).remote
+        host = _Host(self._call(remote, self._source, self.timeout, self._pool), node_id)
+        with self._cond:
+            self._hosts.append(host)  # so close() stops it even while it loads
+        return host, self._call(host.actor.load.remote)
+
+    def _loaded(self, host: _Host, ref: Any) -> MetricInfo | dict[str, Any]:
+        """The metric's info once the host has loaded it (it takes calls), else why not (the host is dropped)."""
+        try:
+            reply = self._get(ref, self.timeout + START_TIMEOUT)
+        except _Closed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a node that cannot host the metric is left out
+            reply = {"kind": "load_failed", "item": None, "message": _ray_failure(exc)}
+        if reply.get("kind") == "loaded" and isinstance(reply.get("info"), dict):
+            with self._cond:
+                host.ready = True
+                self._cond.notify_all()
+            return wire.info_from_plain(reply["info"])
+        self._drop(host)
+        return reply
 
     def _refresh_later(self) -> None:
         """Look for nodes without a host (new ones, lost hosts to replace) in the background, now and then."""
         if time.monotonic() - self._refreshed < REFRESH_EVERY or self._placing.locked():
             return
         self._refreshed = time.monotonic()
+        threading.Thread(target=self._refresh, name="skynet-ray-refresh", daemon=True).start()
 
-        def refresh() -> None:
-            try:
-                self._place()
-            except Exception as exc:  # noqa: BLE001 - the run goes on with the hosts it has
-                if not isinstance(exc, _Closed):
-                    logger.warning("skynet-dspy: looking for new Ray nodes failed: %s", exception_text(exc))
-
-        threading.Thread(target=refresh, name="skynet-ray-refresh", daemon=True).start()
+    def _refresh(self) -> None:
+        try:
+            found = self._place()
+        except _Closed:
+            return
+        except Exception as exc:  # noqa: BLE001 - the run goes on with the hosts it has
+            logger.warning("skynet-dspy: looking for new Ray nodes failed: %s", exception_text(exc))
+            return
+        if isinstance(found, dict):
+            logger.warning(_NOT_LOADED, found.get("message"))
 
     def _take(self) -> _Host | None:
-        """The least busy host with room for one more call (waiting for room); None when closed or none is left."""
+        """The least busy host with room for one more call; None when closed or no node can host the metric."""
         self._refresh_later()
-        for attempt in range(2):
-            with self._cond:
-                while not self._closed:
-                    live = [host for host in self._hosts if not host.lost]
-                    if not live:
-                        break
-                    free = [host for host in live if host.in_flight < host.capacity]
-                    if free:
-                        host = min(free, key=lambda host: host.in_flight / host.capacity)
-                        host.in_flight += 1
-                        return host
-                    self._cond.wait()
-                if self._closed:
-                    return None
-            if attempt == 0:
-                try:
-                    self._place()  # every host was lost: place new ones on the nodes still alive
-                except Exception:  # noqa: BLE001 - answered below: the call is scored crashed
-                    return None
+        host = self._free_host()
+        if host is None and not self._closed:
+            with contextlib.suppress(Exception):
+                self._place()  # every host was lost: place new ones on the nodes still alive
+            host = self._free_host()
+        return host
+
+    def _free_host(self) -> _Host | None:
+        with self._cond:
+            while not self._closed and any(host.ready for host in self._hosts):
+                free = [host for host in self._hosts if host.ready and host.in_flight < self._per_node]
+                if free:
+                    host = min(free, key=lambda host: host.in_flight)
+                    host.in_flight += 1
+                    return host
+                self._cond.wait()
         return None
 
-    def _give_back(self, host: _Host) -> None:
+    def _drop(self, host: _Host, lost: bool = False) -> None:
+        """No more calls go to this host (its calls in flight fail); a lost one is replaced at the next call."""
         with self._cond:
-            host.in_flight -= 1
-            self._cond.notify()
-
-    def _lose(self, host: _Host) -> None:
-        """A host that died, or did not answer in time: no more calls go there (its calls in flight fail)."""
-        with self._cond:
-            host.lost = True
+            host.ready = False
             if host in self._hosts:
                 self._hosts.remove(host)
             self._cond.notify_all()
-        self._refreshed = 0.0  # look for a replacement at the next call
-        self._kill(host)
-
-    def _kill(self, host: _Host) -> None:
-        try:
+        if lost:
+            self._refreshed = 0.0
+        with contextlib.suppress(Exception):  # already gone, or closed
             self._call(self._ray.kill, host.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone, or closed
-            pass
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A Ray API call, unless closed: after ray.shutdown(), most Ray calls would start a new local Ray."""
@@ -289,6 +259,11 @@ class RayExecutor:
             with self._cond:
                 self._busy -= 1
                 self._cond.notify_all()
+
+    def _get(self, ref: Any, timeout: float) -> dict[str, Any]:
+        """A node's reply, read with the class-refusing unpickler."""
+        reply: dict[str, Any] = wire.from_worker(self._call(self._ray.get, ref, timeout=timeout))
+        return reply
 
     # -- a call ------------------------------------------------------------------------------
 
@@ -304,80 +279,60 @@ class RayExecutor:
             )
         host = self._take()
         if host is None:
-            with self._cond:
-                closed = self._closed
             return Outcome(failure=Failure.CRASHED, detail="this metric was closed; load it again to score more"
-                           if closed else "no node of the Ray cluster can run the metric (every host was lost)")
+                           if self._closed else "no node of the Ray cluster can run the metric (every host was lost)")
         scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop (context.py)
         try:
             return self._exchange(host, payload, scope.bind(llm))
         finally:
             scope.end()
-            self._give_back(host)
+            with self._cond:
+                host.in_flight -= 1
+                self._cond.notify()
 
     def _exchange(self, host: _Host, payload: bytes, llm: LLMHandler | None) -> Outcome:
         call_id = next(self._ids)
         deadline = time.monotonic() + self._deadline
-        slots = threading.BoundedSemaphore(MAX_LLM_AT_ONCE)
         ray = self._ray
         try:
             ref = self._call(host.actor.start.remote, call_id, payload)
             while True:
                 try:
-                    event = _event(self._call(ray.get, ref, timeout=max(0.0, deadline - time.monotonic())))
+                    event = self._get(ref, max(0.0, deadline - time.monotonic()))
                 except ray.exceptions.GetTimeoutError:
-                    self._lose(host)
+                    self._drop(host, lost=True)
                     return Outcome(failure=Failure.CRASHED, detail=f"the Ray node {host.node_id[:12]} did not answer "
                                    f"within {self._deadline:g} s (2 x timeout + {DEADLINE_MARGIN:g} s); it takes no "
                                    "more calls")
-                kind = event.get("kind")
-                if kind == "outcome":
-                    return checked_again(wire.outcome_from_plain(event.get("outcome")), self.feedback_limit)
-                if kind == "llm":
-                    self._serve(host, call_id, event, llm, slots)
-                elif kind != "pending":
-                    return Outcome(failure=Failure.CRASHED, detail="the Ray node sent an unexpected reply")
+                if event["kind"] == "outcome":
+                    return checked_again(wire.outcome_from_plain(event["outcome"]), self.feedback_limit)
+                self._serve(host, call_id, event, llm)  # an llm() request
                 ref = self._call(host.actor.next_event.remote, call_id)
         except _Closed:
             return Outcome(failure=Failure.CRASHED, detail="this metric was closed during the call")
         except ray.exceptions.RayActorError as exc:
-            self._lose(host)
+            self._drop(host, lost=True)
             return Outcome(failure=Failure.CRASHED, detail=f"the Ray node running the call was lost "
                            f"({_ray_failure(exc)}); the run goes on without it")
         except Exception as exc:  # noqa: BLE001 - whatever went wrong with the cluster, the run goes on
             return Outcome(failure=Failure.CRASHED, detail=f"the call on the Ray cluster failed: {_ray_failure(exc)}")
 
-    def _serve(self, host: _Host, call_id: int, event: dict[str, Any], llm: LLMHandler | None,
-               slots: threading.BoundedSemaphore) -> None:
-        """Answer a node's llm() request on the process's bounded llm() pool, with this process's judge; the call's
-        clock runs on."""
-        request_id = event.get("request")
-        if not slots.acquire(blocking=False):
-            self._reply(host, call_id, request_id, _llm_error(
-                LLMCallError(f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call")))
-            return
+    def _serve(self, host: _Host, call_id: int, event: dict[str, Any], llm: LLMHandler | None) -> None:
+        """Answer a node's llm() request on the process's llm() pool, with this process's judge (the call's clock
+        runs on). The node's pool bounds the requests of one call, as locally."""
 
         def answer() -> None:
-            instructions, input_text, settings = event.get("instructions"), event.get("input"), event.get("settings")
             try:
-                settings = settings if isinstance(settings, dict) else {}
                 if llm is None:
                     raise ModelNotConfigured(NO_JUDGE_MODEL)
-                check_llm_arguments(instructions, input_text, settings)  # again here: a node is not trusted
-                reply: dict[str, Any] = {"text": str(llm(instructions, input_text, settings))}  # type: ignore[arg-type]
+                # checked on the node (its worker pool's relay), as locally
+                reply: dict[str, Any] = {"text": str(llm(event["instructions"], event["input"], event["settings"]))}
             except Exception as exc:  # noqa: BLE001 - every failure is answered, or the call would wait
                 reply = _llm_error(exc)
-            finally:
-                slots.release()
-            self._reply(host, call_id, request_id, reply)
+            with contextlib.suppress(Exception):  # the node is gone or the metric closed: nobody is waiting
+                self._call(host.actor.llm_reply.remote, call_id, event.get("request"), reply)
 
         llm_pool.submit(answer)
-
-    def _reply(self, host: _Host, call_id: int, request_id: Any, reply: dict[str, Any]) -> None:
-        try:
-            self._call(host.actor.llm_reply.remote, call_id, request_id, reply)
-        except Exception:  # noqa: BLE001 - the node is gone or the metric closed: nobody is waiting
-            pass
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -387,19 +342,11 @@ class RayExecutor:
             if self._closed:
                 return
             hosts = list(self._hosts)
-        stops = []
-        for host in (host for host in hosts if not host.lost):
-            try:
-                stops.append(self._call(host.actor.stop.remote))
-            except Exception:  # noqa: BLE001 - a lost host has nothing to stop
-                pass
-        if stops:
-            try:
-                self._call(self._ray.wait, stops, num_returns=len(stops), timeout=_STOP_WAIT)
-            except Exception:  # noqa: BLE001
-                pass
+        with contextlib.suppress(Exception):  # hosts that do not stop in time are killed below
+            stops = [self._call(host.actor.stop.remote) for host in hosts if host.ready]
+            self._call(self._ray.wait, stops, num_returns=len(stops), timeout=_STOP_WAIT)
         for host in hosts:
-            self._kill(host)
+            self._drop(host)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -411,23 +358,8 @@ class RayExecutor:
     def host_pids(self) -> list[dict[str, Any]]:
         """Each live host's process id, node and metric workers' process ids (for tests and for the curious)."""
         with self._cond:
-            hosts = [host for host in self._hosts if not host.lost]
-        return [_event_plain(self._call(self._ray.get, host.actor.pids.remote(), timeout=30)) for host in hosts]
-
-
-def _event_plain(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _event(data: Any) -> dict[str, Any]:
-    """A node's event: bytes read with the class-refusing unpickler, bounded like a worker's messages."""
-    if not isinstance(data, bytes) or len(data) > wire.MAX_MESSAGE:
-        return {"kind": "malformed"}
-    try:
-        event = wire.from_worker(data)
-    except Exception:  # noqa: BLE001 - a class or a broken pickle: the node is not trusted
-        return {"kind": "malformed"}
-    return event if isinstance(event, dict) else {"kind": "malformed"}
+            hosts = [host for host in self._hosts if host.ready]
+        return [self._call(self._ray.get, host.actor.pids.remote(), timeout=30) for host in hosts]
 
 
 def _llm_error(exc: BaseException) -> dict[str, Any]:

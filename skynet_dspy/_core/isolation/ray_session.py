@@ -1,24 +1,15 @@
 """The package's connection to Ray for isolation="ray", shared by every metric of the process: found, or started.
 
-The Ray to use is the one this process is connected to, else `RayCluster(address=...)`, else RAY_ADDRESS, else a
-local Ray already running (`ray start --head` on this machine), else a local Ray the package starts and stops.
-
-A local Ray the package starts runs in a helper process of its own, with a credential-free environment (every
-Ray process inherits it), in a temporary folder of its own (deleted at the end, so no session folder is left),
-without the dashboard or worker prestarts (a quick start). It is started before the user's process imports
-Ray, so the two overlap. The helper stops Ray when its stdin closes: at the last close(), or when the user's
-process exits.
-
-Quiet: while the package holds a connection, Ray's log records go to the "skynet_dspy" logger at debug
-(errors at warning) instead of Ray's own stderr handler; what the helper prints is logged at debug and shown
-only in the error when Ray does not start; workers' output is not streamed to the user's terminal
-(`log_to_driver=False`) when the package connects. Keys: the command line Ray records for the job (its
-"entrypoint", shown by the dashboard) has every credential-like value masked.
+The Ray used is the one this process is connected to, else `RayCluster(address=...)`, else RAY_ADDRESS, else a
+local Ray already running (`ray start --head`), else a local Ray the package starts: in a helper process with a
+credential-free environment (every Ray process inherits it), in a temporary folder deleted at the end, without
+the dashboard or worker prestarts; it stops when the helper's stdin closes (the last close(), or the user's
+process exiting). While connected, Ray's log records go to the "skynet_dspy" logger at debug and the nodes'
+output is not streamed here; the command line Ray records for the job has every credential-like value masked.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import importlib.util
 import logging
@@ -29,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -41,8 +32,9 @@ from . import tree
 
 START_TIMEOUT = 180.0  # seconds a local Ray started by the package may take to come up
 _ADDRESS_LINE = "SKYNET_DSPY_RAY_ADDRESS="
-# The helper that starts a local Ray: no dashboard, no worker prestarted (the node hosts get workers of their own,
-# with the metric's runtime_env), no usage report. It prints the GCS address, then waits for its stdin to close.
+_OUTPUT = "helper.log"  # what the helper prints, in its folder: logged at debug, shown when Ray does not start
+# The helper that starts a local Ray (no worker prestarted: the node hosts get workers with the metric's
+# runtime_env): it prints the GCS address, then waits for its stdin to close.
 _HELPER = (
     "import sys, ray\n"
     "context = ray.init(include_dashboard=False, configure_logging=False, log_to_driver=False,\n"
@@ -72,10 +64,8 @@ class _Session:
         self.lock = threading.Lock()
         self.users = 0
         self.connected_here = False  # ray.init() was called by the package (so ray.shutdown() is ours to call)
-        self.helper: subprocess.Popen[str] | None = None  # the process owning a local Ray the package started
-        self.token = ""
+        self.helper: subprocess.Popen[bytes] | None = None  # the process owning a local Ray the package started
         self.folder: str | None = None  # the local Ray's temporary folder (its session folders), deleted at the end
-        self.output: collections.deque[str] = collections.deque(maxlen=40)  # the helper's last lines, for errors
         self.quieted: list[logging.Handler] = []  # Ray's own stderr handlers, set aside while connected
 
     def acquire(self, address: str | None) -> ModuleType:
@@ -83,31 +73,31 @@ class _Session:
         with self.lock:
             loaded = sys.modules.get("ray")
             if self.users == 0 and not (loaded is not None and loaded.is_initialized()):
-                address = address or os.environ.get("RAY_ADDRESS") or None
-                if address is None and importlib.util.find_spec("ray") is not None:
-                    address = _running_local_ray()
-                    if address is None:
-                        self._start_local()  # before `import ray` here: the two overlap
-                ray = require_ray()
-                try:
-                    self._quiet(ray)
-                    if address is None:
-                        address = self._local_address()
-                        _use_local_token()
-                    with _masked_entrypoint(ray):
-                        ray.init(address=address, configure_logging=False, log_to_driver=False)
-                except BaseException:
-                    self._loud()
-                    self._stop_local()
-                    raise
-                self.connected_here = True
-            else:
-                ray = require_ray()
-                if address is not None and self.users == 0:
-                    logger.warning("skynet-dspy: Ray is already connected in this process; RayCluster(address=%r) "
-                                   "is not used (call ray.shutdown() first to reach another cluster)", address)
+                self._connect(address or os.environ.get("RAY_ADDRESS") or None)
+            elif address is not None and self.users == 0:
+                logger.warning("skynet-dspy: Ray is already connected in this process; RayCluster(address=%r) "
+                               "is not used (call ray.shutdown() first to reach another cluster)", address)
             self.users += 1
-            return ray
+            return require_ray()
+
+    def _connect(self, address: str | None) -> None:
+        if address is None and importlib.util.find_spec("ray") is not None:
+            address = _running_local_ray()
+            if address is None:
+                self._start_local()  # before `import ray` here: the two overlap
+        ray = require_ray()
+        try:
+            self._quiet()
+            if address is None:
+                address = self._local_address()
+                _use_local_token()
+            with _masked_entrypoint(ray):
+                ray.init(address=address, configure_logging=False, log_to_driver=False)
+        except BaseException:
+            self._loud()
+            self._stop_local()
+            raise
+        self.connected_here = True
 
     def release(self, ray: ModuleType) -> None:
         with self.lock:
@@ -124,110 +114,80 @@ class _Session:
     # -- a local Ray of the package's own -----------------------------------------------------------
 
     def _start_local(self) -> None:
-        """Start a local Ray in a helper process with a credential-free environment, in a folder of its own."""
-        self.token = uuid.uuid4().hex
         self.folder = tempfile.mkdtemp(prefix="skynet-ray-")  # short: Ray's socket paths live under it
-        self.output.clear()
-        env = {**credential_free_environment(), tree.MARK: f"ray-{self.token}", "RAY_USAGE_STATS_ENABLED": "0",
+        env = {**credential_free_environment(), tree.MARK: self.mark(), "RAY_USAGE_STATS_ENABLED": "0",
                # a setting, not a key (though its name says AUTH): the driver must connect in the same mode
                "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-        self.helper = subprocess.Popen(
-            [sys.executable, "-c", _HELPER, self.folder], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )
+        with open(os.path.join(self.folder, _OUTPUT), "wb") as output:
+            self.helper = subprocess.Popen([sys.executable, "-c", _HELPER, self.folder], env=env,
+                                           stdin=subprocess.PIPE, stdout=output, stderr=output, start_new_session=True)
+
+    def _output(self) -> str:
+        assert self.folder is not None
+        with open(os.path.join(self.folder, _OUTPUT), errors="replace") as output:
+            return output.read()
 
     def _local_address(self) -> str:
         """The GCS address of the local Ray being started (WorkerError, with its output, if it does not start)."""
         assert self.helper is not None
-        found: list[str] = []
-        ready = threading.Event()
-        threading.Thread(target=_read_output, args=(self.helper, found, ready, self.output), daemon=True).start()
-        ready.wait(START_TIMEOUT)
-        if found:
-            return found[0]
-        code = self.helper.poll()
-        output = "\n".join(self.output)
+        end = time.monotonic() + START_TIMEOUT
+        while (code := self.helper.poll()) is None and time.monotonic() < end:
+            found = [line for line in self._output().splitlines() if line.startswith(_ADDRESS_LINE)]
+            if found:
+                return found[0][len(_ADDRESS_LINE):].strip()
+            time.sleep(0.05)
+        output = self._output().strip()
         raise WorkerError(
             "a local Ray could not be started for isolation='ray' ("
             + (f"it exited with code {code}" if code is not None else f"not ready within {START_TIMEOUT:g} s")
             + "); start one yourself with `ray start --head`, or give RayCluster(address=...)"
-            + (f". Its output:\n{redact(output)}" if output else "")
+            + (f". Its output:\n{redact(output[-4000:])}" if output else "")
         )
 
     def _stop_local(self) -> None:
         helper, self.helper = self.helper, None
         if helper is not None:
-            try:
-                if helper.stdin is not None:
-                    helper.stdin.close()  # the helper calls ray.shutdown(), which stops what it started
-                helper.wait(60)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            tree.kill_descendants(helper.pid, f"ray-{self.token}")  # whatever outlived ray.shutdown()
-            if helper.poll() is None:
-                helper.kill()
-                helper.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                helper.communicate(timeout=60)  # its stdin closed, the helper calls ray.shutdown()
+            tree.kill_descendants(helper.pid, self.mark())  # whatever outlived ray.shutdown()
+            helper.kill()  # nothing when it has exited
+            helper.wait()
+            logger.debug("local Ray's output: %s", self._output())
         folder, self.folder = self.folder, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
-    @property
-    def local_token(self) -> str | None:
-        """The environment mark of every process of a local Ray the package started (None when it started none)."""
-        return f"ray-{self.token}" if self.helper is not None else None
+    def mark(self) -> str:
+        """`SKYNET_DSPY_WORKER`'s value on every process of the local Ray the package started."""
+        return f"ray-{os.path.basename(str(self.folder))}"
 
     # -- quiet -----------------------------------------------------------------------------------
 
-    def _quiet(self, ray: ModuleType) -> None:
-        """Ray's records to the package's logger, in place of Ray's default stderr handler (put back at the end)."""
-        ray_logger = logging.getLogger("ray")
-        ray_logger.addHandler(_to_package)
-        self.quieted = [handler for handler in ray_logger.handlers if type(handler).__name__ == "PlainRayHandler"]
+    def _quiet(self) -> None:
+        """Ray's records to the package's logger, not Ray's default stderr handler (until _loud())."""
+        ray_handlers = logging.getLogger("ray").handlers
+        self.quieted = [handler for handler in ray_handlers if type(handler).__name__ == "PlainRayHandler"]
         for handler in self.quieted:
-            ray_logger.removeHandler(handler)
+            handler.addFilter(_to_package)
 
     def _loud(self) -> None:
-        ray_logger = logging.getLogger("ray")
-        ray_logger.removeHandler(_to_package)
         for handler in self.quieted:
-            ray_logger.addHandler(handler)
+            handler.removeFilter(_to_package)
         self.quieted = []
 
 
-class _ToPackage(logging.Handler):
-    """A Ray log record, re-logged on the "skynet_dspy" logger: at debug, or at warning for an error."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            level = logging.WARNING if record.levelno >= logging.ERROR else logging.DEBUG
-            if logger.isEnabledFor(level):
-                logger.log(level, "ray (%s): %s", record.name, record.getMessage())
-        except Exception:  # noqa: BLE001 - a log record never breaks a call
-            self.handleError(record)
-
-
-_to_package = _ToPackage()
-
-
-def _read_output(helper: subprocess.Popen[str], found: list[str], ready: threading.Event,
-                 kept: collections.deque[str]) -> None:
-    """The helper's output to its end: its address line, every other line logged at debug (and kept for an error)."""
-    assert helper.stdout is not None
-    for line in helper.stdout:
-        if line.startswith(_ADDRESS_LINE) and not found:
-            found.append(line[len(_ADDRESS_LINE):].strip())
-            ready.set()
-            continue
-        kept.append(line.rstrip("\n"))
-        logger.debug("local Ray: %s", line.rstrip("\n"))
-    ready.set()
+def _to_package(record: logging.LogRecord) -> bool:
+    """A Ray log record, re-logged on the "skynet_dspy" logger (at debug, or at warning for an error), not shown."""
+    level = logging.WARNING if record.levelno >= logging.ERROR else logging.DEBUG
+    with contextlib.suppress(Exception):  # a log record never breaks a call
+        if logger.isEnabledFor(level):
+            logger.log(level, "ray (%s): %s", record.name, record.getMessage())
+    return False
 
 
 def _running_local_ray() -> str | None:
-    """The address of a Ray started on this machine by `ray start` (as ray.init() finds it), if it answers.
-
-    Ray's own lookup (private API of ray, checked against 2.60): the address `ray start` wrote in its folder.
-    """
+    """The address of a Ray started on this machine by `ray start`, if it answers: found as ray.init() finds it
+    (private API of ray, checked against 2.60)."""
     try:
         from ray._private.services import find_bootstrap_address
 
@@ -245,12 +205,8 @@ def _running_local_ray() -> str | None:
 
 
 def _use_local_token() -> None:
-    """Connect to the local Ray just started with its token, as ray.init() does for a local Ray it finds.
-
-    Ray 2.60 starts a local cluster with token authentication (the token in ~/.ray/auth_token); connecting by
-    address turns it on only when RAY_AUTH_MODE says so, a setting Ray reads once per process. Ray's own function
-    for the local case (private API, checked against ray 2.60) sets both; without it, RAY_AUTH_MODE is set.
-    """
+    """Connect with the token of the local Ray just started, as ray.init() does for a local Ray it finds: Ray 2.60
+    turns token authentication on for an address only when RAY_AUTH_MODE says so (private API, checked)."""
     try:
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
@@ -279,32 +235,18 @@ def masked_command_line(arguments: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def _masked_entrypoint(ray: ModuleType) -> Iterator[None]:
-    """While ray.init() runs: the command line it records as the job's entrypoint is masked (masked_command_line).
-
-    Ray records the process's command line from ray._private.utils.get_entrypoint_name (private API, checked
-    against ray 2.60): the same, masked, is given instead; when that function is not there, nothing is changed.
-    """
-    utils: Any = getattr(getattr(ray, "_private", None), "utils", None)
+    """While ray.init() runs, the command line it records as the job's entrypoint is masked (masked_command_line):
+    through ray._private.utils.get_entrypoint_name (private API of ray, checked against 2.60), if there."""
+    utils: Any = ray._private.utils
     original = getattr(utils, "get_entrypoint_name", None)
-    if original is None:
-        yield
-        return
-
-    def masked() -> str:
-        found = str(original())
-        prefix = "(interactive_shell) " if found.startswith("(interactive_shell) ") else ""
-        return prefix + subprocess.list2cmdline(masked_command_line(list(sys.orig_argv)))
-
-    utils.get_entrypoint_name = masked
+    shell = "(interactive_shell) " if hasattr(sys, "ps1") else ""  # as Ray says it
+    if original is not None:
+        utils.get_entrypoint_name = lambda: shell + subprocess.list2cmdline(masked_command_line(sys.orig_argv))
     try:
         yield
     finally:
-        utils.get_entrypoint_name = original
+        if original is not None:
+            utils.get_entrypoint_name = original
 
 
 session = _Session()
-
-
-def local_ray_mark() -> str | None:
-    """`SKYNET_DSPY_WORKER`'s value on every process of the local Ray the package started, if it started one."""
-    return session.local_token

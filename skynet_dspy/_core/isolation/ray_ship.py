@@ -1,8 +1,7 @@
 """What travels to the nodes of isolation="ray": how a node finds the metric, and the code shipped with it.
 
-A metric file travels with its folder (Ray's runtime_env `working_dir`), a package of the user's as
-`py_modules`, a `score` defined in a notebook by value (cloudpickle). Files that hold keys are left out of
-what is uploaded (`SECRET_FILES`, before the user's own `excludes`, which may re-include one with `!name`).
+A metric file travels with its folder (runtime_env `working_dir`), a package of the user's as `py_modules`, a
+`score` defined in a notebook by value (cloudpickle); files that hold keys are left out (SECRET_FILES).
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from ..logs import logger
 from ..values import exception_text
 from . import wire
 
-# Left out of every uploaded working_dir and py_modules (gitignore patterns, as Ray's `excludes`): files that
-# hold keys by their name. The user's `excludes` come after, so `"!.env"` there ships a .env all the same.
+# Left out of what is uploaded (gitignore patterns, as Ray's `excludes`); the user's `excludes` come after them
 SECRET_FILES = (
     ".env", ".env.*", "*.env", ".envrc", ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials",
     "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_*", "!id_*.py", "credentials", "credentials.*",
@@ -31,13 +29,9 @@ SECRET_FILES = (
 )
 
 def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
-    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there.
-
-    A metric file: its folder becomes the working_dir (unless one is given, which must then hold the file),
-    and the node loads it by its path there. A module: by name, its top package shipped with py_modules when
-    it is the user's own code. A `score` function: by value (cloudpickle), as to a local worker process; its
-    module's folder is the working_dir when the function is pickled by reference from a file of the user's.
-    """
+    """How a node finds the metric (pickled for its host) and the runtime_env that carries its code there: a file
+    by its path in the working_dir, a module or function of the user's by name (with its package, or its folder),
+    any other function by value (cloudpickle, as to a local worker)."""
     import cloudpickle
 
     env = dict(runtime_env or {})
@@ -46,16 +40,11 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
         if not path.is_file():
             raise FileNotFoundError(f"metric file not found: {source}")
         return pickle.dumps(_relative_to_working_dir(path, env)), env
-    if isinstance(source, ModuleType):
-        if source.__name__ != "__main__" and getattr(source, "__file__", None) is not None:
-            return _ship_module(source, env), env
+    if isinstance(source, ModuleType) and (source.__name__ == "__main__" or not getattr(source, "__file__", None)):
         source = getattr(source, "score", source)  # sent by value below
-    module = sys.modules.get(getattr(source, "__module__", None) or "")
-    file = getattr(module, "__file__", None)
-    if module is not None and module.__name__ != "__main__" and file and _users_own(file) and "working_dir" not in env:
-        env["working_dir"] = str(_import_root(module.__name__, Path(file).resolve()))
+    _carry_module(source, env)
     try:
-        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env
+        return cloudpickle.dumps(source, protocol=wire.PROTOCOL), env  # a module, or an importable function: by name
     except Exception as exc:
         raise MetricLoadError(
             f"{getattr(source, '__qualname__', type(source).__name__)} cannot be sent to the Ray cluster "
@@ -63,24 +52,24 @@ def ship(source: Any, runtime_env: Mapping[str, Any] | None) -> tuple[bytes, dic
         ) from None
 
 
-def _ship_module(source: ModuleType, env: dict[str, Any]) -> bytes:
-    """How a node finds a metric module with a file: by name (a package of the user's shipped with py_modules, or
-    installed on the nodes as here), or by its path in the working_dir (a module file of the user's)."""
-    file = str(source.__file__)
-    top = sys.modules.get(source.__name__.partition(".")[0])
-    if top is not None and getattr(top, "__path__", None) and _users_own(file):
-        env["py_modules"] = [*env.get("py_modules", ()), top]  # a package of the user's: shipped, imported by name
-    elif _users_own(file):
-        return pickle.dumps(_relative_to_working_dir(Path(file).resolve(), env))
-    return pickle.dumps({"module": source.__name__})
+def _carry_module(source: Any, env: dict[str, Any]) -> None:
+    """The user's module (the source, or a function's) travels: its package as py_modules, else its folder."""
+    module = source if isinstance(source, ModuleType) else sys.modules.get(getattr(source, "__module__", "") or "")
+    file = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or not file or not _users_own(file):
+        return
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    if getattr(top, "__path__", None):
+        env["py_modules"] = [*env.get("py_modules", ()), top]  # imported by name there
+    elif "working_dir" not in env:
+        env["working_dir"] = str(Path(file).resolve().parent)
 
 
 def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
-    """The runtime_env with its local working_dir and py_modules uploaded to the cluster (gcs:// URIs).
+    """The runtime_env with its local working_dir and py_modules uploaded (gcs:// URIs), SECRET_FILES left out.
 
-    Ray uploads local folders only for a runtime_env given to ray.init(), and the package may be joining a Ray
-    the user already started: so it uploads them itself with the functions ray.init() uses (private API of ray,
-    checked against 2.60), respecting .gitignore/.rayignore and `excludes` as ray.init() does; SECRET_FILES first.
+    Ray uploads local folders only for a runtime_env given to ray.init(), and the Ray may be the user's: so with
+    the functions ray.init() uses (private API of ray, checked against 2.60), honouring .gitignore as it does.
     """
     if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
         return runtime_env
@@ -96,10 +85,12 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             "2.60): pip install 'skynet-dspy[ray]' to get a Ray it knows"
         ) from None
 
+    from ray.util.client import ray as client
+
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
     with _pin_lock, tempfile.TemporaryDirectory(prefix="skynet-dspy-ray-") as scratch:
         pin = os.environ.get(_PIN_VARIABLE)
-        if _through_ray_client():
+        if client.is_connected():  # type: ignore[no-untyped-call]
             # Ray Client 2.60 proxies the upload's "pin this package" call to a server that lacks it (the call
             # never returns): the package is not pinned; the node hosts created next hold it instead
             os.environ[_PIN_VARIABLE] = "0"
@@ -109,9 +100,8 @@ def uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             env = upload_working_dir_if_needed(env, include_gitignore=include_gitignore, scratch_dir=scratch,
                                                logger=logger)
         finally:
-            if pin is None:
-                os.environ.pop(_PIN_VARIABLE, None)
-            else:
+            os.environ.pop(_PIN_VARIABLE, None)
+            if pin is not None:
                 os.environ[_PIN_VARIABLE] = pin
     env.pop("excludes", None)
     return env
@@ -121,40 +111,19 @@ _PIN_VARIABLE = "RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S"  # Ray's sett
 _pin_lock = threading.Lock()
 
 
-def _through_ray_client() -> bool:
-    try:
-        from ray.util import client
-    except ImportError:
-        return False
-    connected: Any = client.ray.is_connected
-    return bool(connected())
-
-
 def _relative_to_working_dir(path: Path, env: dict[str, Any]) -> str:
     """The metric file's path on a node: relative to the working_dir it travels in."""
     given = env.get("working_dir")
     if given is None:
         env["working_dir"] = str(path.parent)
         return path.name
-    if not isinstance(given, (str, Path)) or "://" in str(given):
+    folder = Path(str(given)).expanduser().resolve()
+    if not path.is_relative_to(folder):
         raise ValueError(
-            "runtime_env['working_dir'] is a remote package, so the metric file cannot be found in it; give a local "
-            "folder holding the metric file, or leave working_dir out (the metric's folder is shipped)"
+            f"the metric file {path} is not inside runtime_env['working_dir'] ({given}), so it would not reach the "
+            "nodes; give a local folder holding it, or leave working_dir out (the metric's folder is shipped)"
         )
-    folder = Path(given).expanduser().resolve()
-    try:
-        return str(path.relative_to(folder))
-    except ValueError:
-        raise ValueError(
-            f"the metric file {path} is not inside runtime_env['working_dir'] ({folder}), so it would not reach the "
-            "nodes; move it there, or leave working_dir out (the metric's folder is shipped)"
-        ) from None
-
-
-def _import_root(name: str, file: Path) -> Path:
-    """The folder from which `import name` finds `file` (for a.b in /x/a/b.py: /x)."""
-    depth = name.count(".") + 1 + (file.name == "__init__.py")
-    return file.parents[depth - 1] if depth <= len(file.parents) else file.parent
+    return str(path.relative_to(folder))
 
 
 def _users_own(file: str) -> bool:

@@ -361,7 +361,7 @@ def test_a_local_ray_the_package_starts_is_quiet_keeps_keys_home_and_is_gone_aft
         [host] = metric.scorer.executor.host_pids()
         with open(f"/proc/{{host['host']}}/environ", "rb") as file:
             host_env = file.read()
-        started = tree.marked(ray_session.local_ray_mark())
+        started = tree.marked(ray_session.session.mark())
         folder, helper = ray_session.session.folder, ray_session.session.helper.pid
         # Ray's own records: the job table (the command line it shows as the job's entrypoint, its config and
         # runtime_env) and the actor table (names, runtime_envs), as the GCS holds them; the package uploaded

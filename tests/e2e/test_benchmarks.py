@@ -17,7 +17,9 @@ import pytest
 
 from benchmarks import run as bench
 
-pytestmark = pytest.mark.xdist_group("ray")  # benchmark 11 runs on a local Ray: with the other Ray tests, one at a time
+# Benchmark 11 runs on a local Ray: with the other Ray tests, one at a time. The quick run takes about two minutes of
+# one core, so it runs with the slow tests (CI runs both), keeping `make test` near five minutes.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
 
 ISOLATIONS = ("process", "thread")
 

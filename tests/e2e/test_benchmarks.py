@@ -19,7 +19,8 @@ from benchmarks import run as bench
 
 # Benchmark 11 runs on a local Ray: with the other Ray tests, one at a time. The quick run takes about two minutes of
 # one core, so it runs with the slow tests (CI runs both), keeping `make test` near five minutes.
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow]
+# On a loaded machine the quick run can take several minutes: a generous bound for a hang, not a speed.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.slow, pytest.mark.timeout(900)]
 
 ISOLATIONS = ("process", "thread")
 

@@ -186,7 +186,9 @@ def test_a_disk_cache_locked_by_another_process_never_fails_a_call(tmp_path, how
     assert result.score == 100.0 and stats["calls"] == 24  # every call scored...
     assert sum(stats[kind] for kind in stats if kind not in ("calls", "memo_hits")) == 0  # ...none failed
     assert usage.requests == 24 and usage.retries == usage.failed == 0
-    assert loaded < 15 and seconds < 20  # neither the load nor a call waited for the lock for long
+    # Neither the load nor the run waited out diskcache's 60 s lock timeout (a bound for that hang, not a speed: the
+    # calls' own timeout of 20 s already shows none of them waited for the lock).
+    assert loaded < 50 and seconds < 50
     warnings = [r.getMessage() for r in caplog.records if "judge cache" in r.getMessage()]
     assert len(warnings) == 1 and str(folder) in warnings[0]
 

@@ -92,11 +92,6 @@ class Sandbox:
         command = list(argv)
         if self.max_memory is not None:
             command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
-        filters = ["--seccomp", str(rules)] if rules is not None else []
-        return [bwrap, *self.options(readable), *filters, "--chdir", inside_cwd, "--", *command], env, "/"
-
-    def options(self, readable: Sequence[str] | None = None) -> list[str]:
-        """bwrap's options, everything but the command."""
         args = [
             # --disable-userns: no user namespace inside, whose root would own (root's) files mapped in it
             "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -119,9 +114,10 @@ class Sandbox:
                 args += ["--ro-bind", path, path]
         if self.network and os.path.exists("/etc/resolv.conf"):
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-        for path in readable if readable is not None else _readable(self.read_only):
+        for path in readable:
             args += ["--ro-bind", path, path]
-        return args
+        filters = ["--seccomp", str(rules)] if rules is not None else []
+        return [bwrap, *args, *filters, "--chdir", inside_cwd, "--", *command], env, "/"
 
     def check(self) -> None:
         """Start one sandbox with this configuration, once per process: a WorkerError saying what to install

@@ -43,8 +43,8 @@ class _ParentLLM:
     def __init__(self, conn: Connection, send_lock: threading.Lock):
         self._conn = conn
         self._send_lock = send_lock
-        self._cond = threading.Condition()
-        self._reading = False
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
         self._replies: dict[int, dict[str, Any]] = {}
         self._next = 0
         self._in_flight = 0  # requests sent and not yet answered
@@ -53,7 +53,7 @@ class _ParentLLM:
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         if os.getpid() != _worker_pid:
             raise RuntimeError("llm() cannot be called from a process forked inside score()")
-        with self._cond:
+        with self._lock:
             if not self.call_id:  # a thread of the metric's, after its call: the socket is the main loop's now
                 raise LLMCallError("llm() was called after its metric call had ended")
             self._next += 1
@@ -69,7 +69,7 @@ class _ParentLLM:
                 self._conn.send_bytes(wire.to_parent(message))
             reply = self._await(request_id)
         finally:
-            with self._cond:
+            with self._lock:
                 self._in_flight -= 1
         if "text" in reply:
             return str(reply["text"])
@@ -80,30 +80,17 @@ class _ParentLLM:
         """End the call in progress: llm() fails at once from now on. True when a request is still awaiting
         its reply: a thread of the metric's would then read the socket beside the main loop, so the worker
         must retire."""
-        with self._cond:
+        with self._lock:
             self.call_id = 0
             return self._in_flight > 0
 
     def _await(self, request_id: int) -> dict[str, Any]:
-        """The reply to `request_id`; whichever waiting thread reads a reply files it for its owner."""
-        while True:
-            with self._cond:
-                while request_id not in self._replies and self._reading:
-                    self._cond.wait()
-                if request_id in self._replies:
-                    return self._replies.pop(request_id)
-                self._reading = True
-            try:
+        """The reply to `request_id`: one thread reads at a time, filing replies for the threads they belong to."""
+        with self._reading:
+            while request_id not in self._replies:
                 message: dict[str, Any] = wire.from_worker(self._conn.recv_bytes())
-            finally:
-                with self._cond:
-                    self._reading = False
-                    self._cond.notify_all()
-            if message["request"] == request_id:
-                return message
-            with self._cond:
                 self._replies[message["request"]] = message
-                self._cond.notify_all()
+            return self._replies.pop(request_id)
 
 
 def _load(spec: dict[str, Any]) -> LoadedMetric:

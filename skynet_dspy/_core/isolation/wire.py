@@ -147,7 +147,7 @@ def _key(key: Any) -> Any:
 
 
 def outcome_to_plain(outcome: Outcome) -> dict[str, Any]:
-    plain = {field.name: None if (value := getattr(outcome, field.name)) is None else str(value)
+    plain: dict[str, Any] = {field.name: None if (value := getattr(outcome, field.name)) is None else str(value)
              for field in fields(outcome)}  # each a str (a Failure as its value) or None, but the result
     result = outcome.result
     if result is not None:

@@ -1,7 +1,5 @@
-"""One metric worker process, seen from the user's process: started, read from, checked, killed.
-
-A worker is forked by the pool's template (template.py) on a socket of its own, in a session of its own, with a
-credential-free environment and native thread pools capped. Its replies are read back as plain data only.
+"""One metric worker process, seen from the user's process: started (forked by template.py, in a session of its
+own), read from (plain data only), checked, killed; its llm() requests answered here.
 """
 
 from __future__ import annotations
@@ -151,11 +149,8 @@ class WorkerProcess:
             pass
 
     def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; Gone when the process is gone.
-
-        Bytes are framed here as they come (multiprocessing.Connection's framing), so what a metric writes into
-        its socket (half a frame, a header announcing a gigabyte) cannot make this wait past the deadline.
-        """
+        """The worker's next message, or None at the deadline; Gone when the process is gone. Framed here as bytes
+        come, so what a metric writes into its socket (half a frame, a huge header) cannot outlast the deadline."""
         conn_fd = self.conn.fileno()
         while True:
             remaining = deadline - time.monotonic()
@@ -236,7 +231,7 @@ class WorkerProcess:
             elif self._exited(0) and not template.alive:
                 # it died with the template and was reaped by init: its pid may be another process's by now, so
                 # only what carries its mark is killed
-                tree.kill_marked(self.token)
+                tree.kill_descendants(None, self.token)
             else:
                 tree.kill_descendants(self.pid, self.token)
                 self._signal()

@@ -1,9 +1,6 @@
-"""isolation="process" (the default): score runs in worker processes that the user's process can kill.
-
-A pool per metric, grown lazily to the concurrency used and reused across calls; each call is one exchange on its
-worker's socket, under the timeout (past it, the worker and all it started are killed). Workers are forked from a
-template that imported the metric once (template.py), never from the user's process. pebble's round trip alone
-takes about this module's whole call (`make bench`, row 6b), so the processes are managed here.
+"""isolation="process" (the default): a pool of worker processes per metric, forked from a template that imported it
+once (template.py), grown to the concurrency used; each call is one exchange under the timeout (past it, the worker
+and all it started are killed). pebble's round trip alone takes about this module's whole call (`make bench`, 6b).
 """
 
 from __future__ import annotations
@@ -40,13 +37,9 @@ _fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class ProcessExecutor:
-    """The metric in worker processes, forked from a template that imported it once (template.py), or each a
-    template of its own when forking is unsafe.
-
-    `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
-    own between calls (mid-call, the call fails as `memory`); `launcher` starts the templates another way
-    (sandbox.py: in bubblewrap).
-    """
+    """The metric in worker processes. `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once
+    it holds more memory of its own between calls (mid-call, the call fails as `memory`); `launcher` starts the
+    templates another way (sandbox.py: in bubblewrap)."""
 
     def __init__(
         self,
@@ -145,19 +138,17 @@ class ProcessExecutor:
         try:
             worker = self._new_worker(self.start_timeout)
         except BaseException as exc:  # noqa: BLE001 - a failed start is reported to the waiting calls
-            with self._cond:
-                self._starting -= 1
-                self._start_failures += 1
-                self._start_error = exc
-                self._start_failed_at = time.monotonic()
-                self._cond.notify_all()
-            return
+            worker, self._start_error = None, exc
         with self._cond:
             self._starting -= 1
+            self._cond.notify_all()  # one waiter takes it (or sees it failed); the others may start more meanwhile
+            if worker is None:
+                self._start_failures += 1
+                self._start_failed_at = time.monotonic()
+                return
             if not self._closed:
                 self._workers.add(worker)
                 self._idle.append(worker)
-                self._cond.notify_all()  # one waiter takes it; the others may start more meanwhile
                 return
         worker.kill()
 

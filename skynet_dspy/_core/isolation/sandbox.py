@@ -1,11 +1,7 @@
-"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own.
-
-The template starts inside a sandbox and forks the workers in there (template.py); a fresh worker gets a sandbox
-of its own. A sandbox has its own PID namespace, no network unless asked, a read-only view of what Python needs
-(never a home folder), a private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even
-as root), and seccomp.py's calls refused. bwrap gets the credential-free environment (its init keeps it) and
---die-with-parent (it is started on handle.spawn's long-lived thread). No bwrap or no namespaces is a clear
-error (`Sandbox.check()`), never an unsandboxed run.
+"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own:
+its own PID namespace, no network unless asked, a read-only view of what Python needs (never a home folder), a
+private /tmp, a read-only /proc/sys, no capabilities (even as root), seccomp.py's calls refused. No bwrap or no
+namespaces is a clear error (`Sandbox.check()`), never an unsandboxed run.
 """
 
 from __future__ import annotations

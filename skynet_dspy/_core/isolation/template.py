@@ -323,7 +323,7 @@ def _start_reaper(pool: str, control: list[int]) -> None:
                 _close(fd)
             select.select([user, template], [], [])
             if pool and select.select([user], [], [], 0)[0]:
-                tree.kill_marked(pool)
+                tree.kill_descendants(None, pool)
         finally:
             _exit(0)
     _close(user)

@@ -136,9 +136,7 @@ def _cut_text(text: Any, budget: _Budget) -> Any:
 
 
 def _key(key: Any) -> Any:
-    if type(key) in _SCALARS:
-        return key
-    if type(key) is tuple and all(type(item) in _SCALARS for item in key):
+    if type(key) in _SCALARS or (type(key) is tuple and all(type(item) in _SCALARS for item in key)):
         return key
     return shorten(key, 200)
 

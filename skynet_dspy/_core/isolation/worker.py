@@ -1,8 +1,6 @@
-"""The metric worker: runs one loaded metric's calls, one at a time, forked from the template (template.py).
-
-It never imports dspy or litellm; what the metric returns is validated here and only plain values go back
-(wire.py); llm() goes to the user's process, which holds the judge. A fork inside score fails the call and
-retires the worker; the child exits the moment it is back in this module.
+"""The metric worker: runs one loaded metric's calls, one at a time, forked from the template (template.py). It never
+imports dspy or litellm; only plain values go back (wire.py); llm() goes to the user's process. A fork inside score
+fails the call and retires the worker.
 """
 
 from __future__ import annotations

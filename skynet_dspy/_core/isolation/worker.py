@@ -6,12 +6,15 @@ fails the call and retires the worker.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import linecache
 import os
+import pickle
 import signal
 import sys
 import threading
 import types
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -95,17 +98,11 @@ def _load(spec: dict[str, Any]) -> LoadedMetric:
     if "path" in spec:
         return load(spec["path"], file=spec.get("file"))
     if "module" in spec:
-        import importlib
-
         return load(importlib.import_module(spec["module"]))
-    import pickle
-
     score = pickle.loads(spec["pickled"])
     _restore_file(score, spec.get("file"), spec.get("source") or [])
     loaded = load(score)
     if spec.get("reward_spec") is not None and loaded.reward_spec is None:
-        from dataclasses import replace
-
         loaded = replace(loaded, reward_spec=spec["reward_spec"])
     return loaded
 

@@ -145,17 +145,22 @@ def _key(key: Any) -> Any:
 
 
 def outcome_to_plain(outcome: Outcome) -> dict[str, Any]:
-    plain: dict[str, Any] = {field.name: None if (value := getattr(outcome, field.name)) is None else str(value)
-             for field in fields(outcome)}  # each a str (a Failure as its value) or None, but the result
     result = outcome.result
-    if result is not None:
-        plain["result"] = {
+    return {
+        "result": None if result is None else {
             "score": float(result.score),
             "feedback": str(result.feedback),
             "scores": None if result.scores is None else {str(k): float(v) for k, v in result.scores.items()},
             "extra": to_plain(result.extra),
-        }
-    return plain
+        },
+        "failure": None if outcome.failure is None else str(outcome.failure),
+        "detail": outcome.detail,
+        "rule": outcome.rule,
+        "error_type": outcome.error_type,
+        "judge_problem": None if outcome.judge_problem is None else str(outcome.judge_problem),
+        "judge_detail": outcome.judge_detail,
+        "output": outcome.output,
+    }
 
 
 def _text(value: Any) -> str | None:
@@ -182,9 +187,11 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
         if not isinstance(raw, dict):
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent neither a result nor a failure")
         try:
-            result = replace(_result(raw, feedback_limit + CUT_MARGIN), output=output)
+            result = _result(raw, feedback_limit + CUT_MARGIN)
         except ContractViolation as violation:
             return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
+        if output is not None:
+            result = replace(result, output=output)
     return Outcome(
         result=result,
         failure=failure,

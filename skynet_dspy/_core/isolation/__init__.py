@@ -1,7 +1,5 @@
 """Where a metric's calls run: worker processes (process.py, the default), threads (thread.py) or a Ray cluster
-(ray_cluster.py).
-
-All three keep to one small interface, so another engine can stand in without touching the scorer.
+(ray_cluster.py), all behind one small interface.
 """
 
 from __future__ import annotations

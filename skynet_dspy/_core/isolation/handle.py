@@ -1,7 +1,5 @@
-"""One metric worker process, seen from the user's process: started, read from, checked, killed.
-
-A worker is forked by the pool's template (template.py) on a socket of its own, in a session of its own, with a
-credential-free environment and native thread pools capped. Its replies are read back as plain data only.
+"""One metric worker process, seen from the user's process: started (forked by template.py, in a session of its
+own), read from (plain data only), checked, killed; its llm() requests answered here.
 """
 
 from __future__ import annotations
@@ -18,7 +16,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..errors import WorkerError
+from ..context import LLMHandler, llm_pool
+from ..errors import NO_JUDGE_MODEL, LLMCallError, ModelNotConfigured, WorkerError, judge_failure
+from ..types import Failure
+from ..values import check_llm_arguments, exception_text
 from . import tree, wire
 
 if TYPE_CHECKING:
@@ -53,8 +54,11 @@ class WorkerProcess:
 
     def __init__(self, template: Template, send_timeout: float, token: str, serving: bool = False) -> None:
         ours, theirs = socket.socketpair()
-        set_send_timeout(ours, send_timeout)
-        output, written = output_pipe()
+        # a worker that stops reading (a thread of the metric stopped it) must not hold a sender forever
+        whole, fraction = divmod(max(send_timeout, 0.001), 1.0)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(whole), int(fraction * 1e6)))
+        output, written = os.pipe2(os.O_CLOEXEC)  # its stdout and stderr, read here without blocking
+        os.set_blocking(output, False)
         self.token, self.template, self.serving = token, template, serving  # the token marks its processes (tree.py)
         self.returncode: int | None = None  # how it ended, as Popen says it (None while it runs or when unknown)
         self._reaped = False
@@ -106,12 +110,47 @@ class WorkerProcess:
         with self.send_lock:
             self.conn.send_bytes(data)
 
-    def wait(self, deadline: float) -> Any:
-        """The worker's next message, or None at the deadline; Gone when the process is gone.
+    def serve_llm(self, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
+        """Answer the worker's llm() request here, where the judge and its keys are, on the bounded llm() pool (so
+        the call's timeout keeps running; `llm` is bound to the call's scope); False when refused at once."""
+        request_id = message.get("request")
+        if not self.llm_slots.acquire(blocking=False):
+            self._reply(_llm_error(request_id, Failure.JUDGE_ERROR,
+                                   f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
+            return False
 
-        Bytes are framed here as they come (multiprocessing.Connection's framing), so what a metric writes into
-        its socket (half a frame, a header announcing a gigabyte) cannot make this wait past the deadline.
-        """
+        def answer() -> None:
+            instructions, text, settings = message.get("instructions"), message.get("input"), message.get("settings")
+            settings = settings if isinstance(settings, dict) else {}
+            try:
+                if message.get("call") != call_id:
+                    raise LLMCallError("llm() was called after its metric call had ended")
+                if llm is None:
+                    raise ModelNotConfigured(NO_JUDGE_MODEL)
+                check_llm_arguments(instructions, text, settings)  # again here: a worker may write its own request
+                reply = {"kind": "llm_reply", "request": request_id,
+                         "text": str(llm(instructions, text, settings))}  # type: ignore[arg-type]  # checked above
+            except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
+                kind = judge_failure(exc)
+                said = exception_text(exc) if kind is None else str(exc)
+                called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
+                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said,
+                                   called.status if called else None, called.refused if called else False)
+            self.llm_slots.release()
+            self._reply(reply)
+
+        llm_pool.submit(answer)
+        return True
+
+    def _reply(self, reply: dict[str, Any]) -> None:
+        try:
+            self.send(wire.to_worker(reply))
+        except (OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting
+            pass
+
+    def wait(self, deadline: float) -> Any:
+        """The worker's next message, or None at the deadline; Gone when the process is gone. Framed here as bytes
+        come, so what a metric writes into its socket (half a frame, a huge header) cannot outlast the deadline."""
         conn_fd = self.conn.fileno()
         while True:
             remaining = deadline - time.monotonic()
@@ -192,7 +231,7 @@ class WorkerProcess:
             elif self._exited(0) and not template.alive:
                 # it died with the template and was reaped by init: its pid may be another process's by now, so
                 # only what carries its mark is killed
-                tree.kill_marked(self.token)
+                tree.kill_descendants(None, self.token)
             else:
                 tree.kill_descendants(self.pid, self.token)
                 self._signal()
@@ -234,13 +273,6 @@ class WorkerProcess:
         for fd in fds:
             if fd >= 0:
                 os.close(fd)
-
-
-def set_send_timeout(sock: socket.socket, seconds: float) -> None:
-    """A worker that stops reading (a thread of the metric stopped it) must not hold a sender forever: a send
-    that waits longer than this fails (OSError), and the worker is replaced."""
-    whole, fraction = divmod(max(seconds, 0.001), 1.0)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(whole), int(fraction * 1e6)))
 
 
 def private_memory(pid: int) -> int | None:
@@ -294,8 +326,8 @@ class Output:
         return text
 
 
-def output_pipe() -> tuple[int, int]:
-    """A pipe for a worker's stdout and stderr: its read end (never blocking) and its write end."""
-    read, write = os.pipe2(os.O_CLOEXEC)
-    os.set_blocking(read, False)
-    return read, write
+def _llm_error(
+    request_id: Any, kind: Failure, message: str, status: int | None = None, refused: bool = False
+) -> dict[str, Any]:
+    error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
+    return {"kind": "llm_reply", "request": request_id, "error": error}

@@ -1,9 +1,6 @@
-"""isolation="process" (the default): score runs in worker processes that the user's process can kill.
-
-A pool per metric, grown lazily to the concurrency used and reused across calls; each call is one exchange on its
-worker's socket, under the timeout (past it, the worker and all it started are killed). Workers are forked from a
-template that imported the metric once (template.py), never from the user's process. pebble's round trip alone
-takes about this module's whole call (`make bench`, row 6b), so the processes are managed here.
+"""isolation="process" (the default): a pool of worker processes per metric, forked from a template that imported it
+once (template.py), grown to the concurrency used; each call is one exchange under the timeout (past it, the worker
+and all it started are killed). pebble's round trip alone takes about this module's whole call (`make bench`, 6b).
 """
 
 from __future__ import annotations
@@ -20,21 +17,18 @@ from typing import Any
 
 from ..call import CallRequest
 from ..context import CallScope, LLMHandler
-from ..contract import CUT_MARGIN, check_return
-from ..errors import ContractViolation, MetricLoadError, WorkerError
+from ..errors import MetricLoadError, WorkerError
 from ..logs import logger
-from ..types import Failure, Item, MetricInfo, Outcome
+from ..types import Failure, MetricInfo, Outcome
 from ..values import exception_text
 from . import wire
 from .handle import MAX_LLM_AT_ONCE, STARTUP_TIMEOUT, Gone, WorkerProcess, exit_text, private_memory
-from .relay import serve_llm
 from .sandbox import Sandbox
 from .source import source_spec
 from .template import Template, supported
 
 DEFAULT_MAX_WORKERS = 32
-START_MODES = ("template", "fresh")
-START_VARIABLE = "SKYNET_DSPY_WORKER_START"  # internal: forces a start mode ("fresh"), for tests and benchmarks
+START_VARIABLE = "SKYNET_DSPY_WORKER_START"  # internal: "fresh" forces fresh workers, for tests and benchmarks
 _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as a flood (each is answered here)
 _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to start (unless it has no worker)
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
@@ -43,13 +37,9 @@ _fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class ProcessExecutor:
-    """The metric in worker processes, forked from a template that imported it once (template.py), or each a
-    template of its own when forking is unsafe.
-
-    `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once it holds more memory of its
-    own between calls (mid-call, the call fails as `memory`); `launcher` starts the templates another way
-    (sandbox.py: in bubblewrap).
-    """
+    """The metric in worker processes. `max_calls` replaces a worker after that many calls, `max_memory` (bytes) once
+    it holds more memory of its own between calls (mid-call, the call fails as `memory`); `launcher` starts the
+    templates another way (sandbox.py: in bubblewrap)."""
 
     def __init__(
         self,
@@ -68,7 +58,9 @@ class ProcessExecutor:
         self.max_workers = max_workers or DEFAULT_MAX_WORKERS
         self.max_calls = max_calls
         self.max_memory = max_memory
-        self.start_mode = _start_mode()
+        if not supported():
+            raise WorkerError("worker processes need Linux 5.3 or newer (fork, pidfds); use isolation='thread' here")
+        self.start_mode = "fresh" if os.environ.get(START_VARIABLE) == "fresh" else "template"
         # a call waits this long at most for a worker to start; it is never charged to the call's timeout
         self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
@@ -107,15 +99,7 @@ class ProcessExecutor:
         with self._cond:
             self._helpers.add(template)
         try:
-            try:
-                reply = template.load(self._spec, self.feedback_limit, seconds)
-            except Gone:
-                template.kill()
-                raise MetricLoadError(
-                    f"importing the metric {exit_text(template.proc.returncode)} (in its template process); fix the "
-                    "module-level code so the file imports cleanly"
-                ) from None
-            template.info = self._loaded_info(reply)
+            template.load(self._spec, self.feedback_limit, seconds, self.timeout)
         except BaseException:
             self._drop(template)
             raise
@@ -125,22 +109,6 @@ class ProcessExecutor:
         template.close()
         with self._cond:
             self._helpers.discard(template)
-
-    def _loaded_info(self, reply: Any) -> MetricInfo:
-        """What a `load` reply says of the metric; MetricLoadError (or FileNotFoundError) when it did not load."""
-        if not isinstance(reply, dict):
-            raise MetricLoadError(
-                f"importing the metric did not finish within the {self.timeout:g} s timeout; move slow work "
-                "out of the module's top level (into score, or cache it), or raise timeout="
-            )
-        if reply.get("kind") == "load_failed":
-            message, item = str(reply.get("message")), reply.get("item")
-            if item == "not_found":
-                raise FileNotFoundError(message)
-            raise MetricLoadError(message, Item(item) if item in set(Item) else Item.LOADS)
-        if reply.get("kind") != "loaded" or not isinstance(reply.get("info"), dict):
-            raise MetricLoadError("the metric's worker process answered the load with something else")
-        return wire.info_from_plain(reply["info"])
 
     def _new_worker(self, seconds: float) -> WorkerProcess:
         """A new worker with the metric loaded: forked from the template, or (the template unsafe to fork) a new
@@ -155,12 +123,10 @@ class ProcessExecutor:
                 if template.unsafe:
                     _log_fallback(template.unsafe)
                     self.start_mode, self._template = "fresh", None
-                    return self._served(template, token)
-        if template is not None and self.start_mode == "template":
+            fork = self.start_mode == "template"
+        if fork and template is not None:
             return WorkerProcess(template, self.timeout, token)
-        return self._served(self._loaded(seconds), token)
-
-    def _served(self, template: Template, token: str) -> WorkerProcess:
+        template = template or self._loaded(seconds)  # the unsafe template serves; a fresh worker is a template
         try:
             return WorkerProcess(template, self.timeout, token, serving=True)
         except BaseException:
@@ -172,19 +138,17 @@ class ProcessExecutor:
         try:
             worker = self._new_worker(self.start_timeout)
         except BaseException as exc:  # noqa: BLE001 - a failed start is reported to the waiting calls
-            with self._cond:
-                self._starting -= 1
-                self._start_failures += 1
-                self._start_error = exc
-                self._start_failed_at = time.monotonic()
-                self._cond.notify_all()
-            return
+            worker, self._start_error = None, exc
         with self._cond:
             self._starting -= 1
+            self._cond.notify_all()  # one waiter takes it (or sees it failed); the others may start more meanwhile
+            if worker is None:
+                self._start_failures += 1
+                self._start_failed_at = time.monotonic()
+                return
             if not self._closed:
                 self._workers.add(worker)
                 self._idle.append(worker)
-                self._cond.notify_all()  # one waiter takes it; the others may start more meanwhile
                 return
         worker.kill()
 
@@ -245,10 +209,7 @@ class ProcessExecutor:
         worker.calls += 1
         if self.max_calls is not None and worker.calls >= self.max_calls:
             return True
-        if self.max_memory is not None:
-            used = private_memory(worker.pid)
-            return used is not None and used > self.max_memory
-        return False
+        return self.max_memory is not None and self._over_memory(worker) is not None
 
     # -- a call ----------------------------------------------------------------------------
 
@@ -312,9 +273,6 @@ class ProcessExecutor:
                 detail=f"the metric's worker process {exit_text(worker.returncode)} during the call "
                 "(sys.exit, os._exit, a crash or a signal in score); a new worker takes the next call",
             ))
-        except OSError:
-            self._discard(worker)
-            return Outcome(failure=Failure.CRASHED, detail="the metric's worker process closed its connection")
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the worker is not reused, and the run goes on
             self._discard(worker)
             return Outcome(
@@ -366,7 +324,7 @@ class ProcessExecutor:
                 ), False
             kind = message.get("kind") if isinstance(message, dict) else None
             if kind == "llm":
-                if not serve_llm(worker, message, call_id, llm):
+                if not worker.serve_llm(message, call_id, llm):
                     refused += 1
                     if refused > _MAX_REFUSED:
                         return Outcome(
@@ -376,7 +334,7 @@ class ProcessExecutor:
                         ), False
             elif kind == "outcome" and message.get("call") == call_id:
                 worker.answered = call_id
-                outcome = checked_again(wire.outcome_from_plain(message.get("outcome")), self.feedback_limit)
+                outcome = wire.outcome_from_plain(message.get("outcome"), self.feedback_limit)
                 return outcome, not message.get("retire")
             elif kind == "outcome" and message.get("call") == worker.answered:
                 worker.answered = None  # the last call's own reply, after one the metric forged: passed over
@@ -426,28 +384,6 @@ class ProcessExecutor:
             return sorted(worker.pid for worker in self._workers)
 
 
-def checked_again(outcome: Outcome, feedback_limit: int) -> Outcome:
-    """A worker's result checked again here, against the same rules (a metric may write its own replies; a Ray
-    node's worker is checked by its node, and again on the driver)."""
-    result = outcome.result
-    if result is None:
-        return outcome
-    if result.scores is None and not result.extra and math.isfinite(result.score) and (
-        len(result.feedback) <= feedback_limit + CUT_MARGIN
-    ):  # a bare (score, {"feedback": ...}): nothing below could fail (saves ~10 µs a call, `make bench` row 6)
-        return outcome
-    info: dict[str, Any] = {**result.extra, "feedback": result.feedback}
-    if result.scores is not None:
-        info["scores"] = result.scores
-    try:
-        checked = check_return((result.score, info), feedback_limit + CUT_MARGIN)
-    except ContractViolation as violation:
-        return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
-    return Outcome(
-        result=checked, detail=outcome.detail, judge_problem=outcome.judge_problem, judge_detail=outcome.judge_detail
-    )
-
-
 def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -> None:
     if os.getpid() != owner:  # a fork of the user's process: the workers are its parent's, not ours to stop
         return
@@ -457,15 +393,6 @@ def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -
         helper.close()
     workers.clear()
     helpers.clear()
-
-
-def _start_mode() -> str:
-    if not supported():
-        raise WorkerError("worker processes need Linux 5.3 or newer (fork, pidfds); use isolation='thread' here")
-    mode = os.environ.get(START_VARIABLE) or "template"
-    if mode not in START_MODES:
-        raise ValueError(f"{START_VARIABLE} must be one of {START_MODES}, got {mode!r}")
-    return mode
 
 
 def _log_fallback(unsafe: list[str]) -> None:

@@ -24,7 +24,7 @@ from ..secrets import env_credential, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
 from ..values import exception_text, whole_number
 from . import wire
-from .process import DEFAULT_MAX_WORKERS, checked_again
+from .process import DEFAULT_MAX_WORKERS
 from .ray_node import DEADLINE_MARGIN, NodeHost
 from .ray_session import START_TIMEOUT, session
 from .ray_ship import ship, uploaded
@@ -305,7 +305,7 @@ class RayExecutor:
                                    f"within {self._deadline:g} s (2 x timeout + {DEADLINE_MARGIN:g} s); it takes no "
                                    "more calls")
                 if event["kind"] == "outcome":
-                    return checked_again(wire.outcome_from_plain(event["outcome"]), self.feedback_limit)
+                    return wire.outcome_from_plain(event["outcome"], self.feedback_limit)
                 self._serve(host, call_id, event, llm)  # an llm() request
                 ref = self._call(host.actor.next_event.remote, call_id)
         except _Closed:
@@ -325,7 +325,7 @@ class RayExecutor:
             try:
                 if llm is None:
                     raise ModelNotConfigured(NO_JUDGE_MODEL)
-                # checked on the node (its worker pool's relay), as locally
+                # checked on the node (its worker pool), as locally
                 reply: dict[str, Any] = {"text": str(llm(event["instructions"], event["input"], event["settings"]))}
             except Exception as exc:  # noqa: BLE001 - every failure is answered, or the call would wait
                 reply = _llm_error(exc)

@@ -1,8 +1,6 @@
-"""Plain GEPA's run(artifact, input) in worker processes (run_isolation="process"), on the metric's machinery.
-
-`run` is dressed as a score function (`as_score`) and handed to a ProcessExecutor with max_calls=1: each call runs
-in a worker of its own, forked from a template that imported run and never ran it, so nothing one candidate
-changed in its process reaches another's. Sandboxed, that template is in a sandbox of its own.
+"""Plain GEPA's run(artifact, input) in worker processes (run_isolation="process"): `run` dressed as a score function
+(`as_score`) in a ProcessExecutor with max_calls=1, so each call runs in a fresh fork of a template that never ran
+it, and nothing one candidate changed reaches another's. Sandboxed, that template is in a sandbox of its own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own.
-
-The template starts inside a sandbox and forks the workers in there (template.py); a fresh worker gets a sandbox
-of its own. A sandbox has its own PID namespace, no network unless asked, a read-only view of what Python needs
-(never a home folder), a private /tmp, a read-only /proc/sys, no capabilities (a user namespace of its own, even
-as root), and seccomp.py's calls refused. bwrap gets the credential-free environment (its init keeps it) and
---die-with-parent (it is started on handle.spawn's long-lived thread). No bwrap or no namespaces is a clear
-error (`Sandbox.check()`), never an unsandboxed run.
+"""sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own:
+its own PID namespace, no network unless asked, a read-only view of what Python needs (never a home folder), a
+private /tmp, a read-only /proc/sys, no capabilities (even as root), seccomp.py's calls refused. No bwrap or no
+namespaces is a clear error (`Sandbox.check()`), never an unsandboxed run.
 """
 
 from __future__ import annotations
@@ -92,11 +88,6 @@ class Sandbox:
         command = list(argv)
         if self.max_memory is not None:
             command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
-        filters = ["--seccomp", str(rules)] if rules is not None else []
-        return [bwrap, *self.options(readable), *filters, "--chdir", inside_cwd, "--", *command], env, "/"
-
-    def options(self, readable: Sequence[str] | None = None) -> list[str]:
-        """bwrap's options, everything but the command."""
         args = [
             # --disable-userns: no user namespace inside, whose root would own (root's) files mapped in it
             "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -119,9 +110,10 @@ class Sandbox:
                 args += ["--ro-bind", path, path]
         if self.network and os.path.exists("/etc/resolv.conf"):
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-        for path in readable if readable is not None else _readable(self.read_only):
+        for path in readable:
             args += ["--ro-bind", path, path]
-        return args
+        filters = ["--seccomp", str(rules)] if rules is not None else []
+        return [bwrap, *args, *filters, "--chdir", inside_cwd, "--", *command], env, "/"
 
     def check(self) -> None:
         """Start one sandbox with this configuration, once per process: a WorkerError saying what to install

@@ -1,9 +1,6 @@
-"""The system calls a sandboxed process may not make: a seccomp program bubblewrap loads (`bwrap --seccomp FD`).
-
-`socket(AF_UNIX, ...)` (a unix socket file in a readable folder is reachable without network; `socketpair`, which
-the workers talk over, is another call), reading another process's memory (ptrace, process_vm_readv), key rings,
-io_uring, perf events, and changing a file's mode or owner (root's sandbox still owns the host's device nodes in
-/dev). Each refusal is EPERM, an ordinary error for the metric.
+"""The system calls a sandboxed process may not make, as a seccomp program bubblewrap loads (`bwrap --seccomp FD`):
+`socket(AF_UNIX, ...)` (socketpair is another call), ptrace and process_vm_*, key rings, io_uring, perf events,
+chmod/chown (root's sandbox still owns the host's device nodes in /dev). Each refusal is EPERM.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import linecache
 import os
 from pathlib import Path
 from types import ModuleType
@@ -35,8 +38,6 @@ def source_spec(source: Any) -> dict[str, Any]:
         from ..loading import load
 
         load(source)  # raises the TypeError naming what a source may be, here rather than in a worker
-    import inspect
-
     import cloudpickle
 
     try:
@@ -48,8 +49,6 @@ def source_spec(source: Any) -> dict[str, Any]:
             "metric.py and load that file, make it a plain module-level function, or run it in this process "
             "with load_metric(..., isolation='thread')"
         ) from None
-    import linecache
-
     owner = inspect.getmodule(source)
     spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
     file = getattr(getattr(source, "__code__", None), "co_filename", None)
@@ -65,8 +64,6 @@ def source_spec(source: Any) -> dict[str, Any]:
 def _importable_as(module: ModuleType) -> bool:
     """Whether a fresh interpreter importing `module.__name__` gets this same file (not so for __main__, a
     file loaded by path, or a module imported from a folder the worker's path lacks)."""
-    import importlib.util
-
     name = module.__name__
     if name == "__main__" or name.startswith("skynet_metric_") or getattr(module, "__spec__", None) is None:
         return False

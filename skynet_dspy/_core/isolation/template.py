@@ -1,12 +1,10 @@
 """The template: one process per pool that imports the metric once and forks a ready worker on demand.
 
-The prefork design of gunicorn's --preload, from a fresh DSPy-free interpreter (never a fork of the user's process).
-The user's process sends `load`, then `fork` with the worker's socket and output pipe (SCM_RIGHTS), and `reap` to
-collect its status (so a killed worker's pid is never reused meanwhile). The kernel ends the template with the
-user's process, even stopped or stuck, and the workers with the template; a reaper forked before the import kills
-what carries the pool's mark (tree.py) once the user's process is gone. A template the import left unsafe to fork
-(threads; sockets, pipes or event descriptors every worker would share) is told to `serve`: it becomes a worker,
-and each further worker is a template of its own. The metric's fork hooks never run in the template.
+gunicorn's --preload from a fresh DSPy-free interpreter. The user's process sends `load`, `fork` (with the worker's
+socket and output pipe) and `reap` (so a killed worker's pid is never reused meanwhile). A template the import left
+unsafe to fork (threads, shared sockets or pipes) is told to `serve`: it becomes a worker, as does each later
+template. The kernel ends the template with the user's process, and the workers with the template; a reaper kills what
+carries the pool's mark (tree.py) once the user's process is gone. The metric's fork hooks never run here.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import ctypes
 import gc
 import json
 import os
-import queue
 import select
 import signal
 import socket
@@ -24,16 +21,16 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import WorkerError
+from ..errors import MetricLoadError, WorkerError
 from ..logs import logger
 from ..secrets import credential_free_environment
-from ..types import MetricInfo
+from ..types import Item, MetricInfo
 from . import tree, wire
-from .handle import PARENT_VARIABLE, REQUEST_TIMEOUT, STARTUP_TIMEOUT, Gone, Output
+from .handle import PARENT_VARIABLE, REQUEST_TIMEOUT, STARTUP_TIMEOUT, Gone, Output, exit_text
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -63,36 +60,24 @@ def supported() -> bool:
 
 
 _T = TypeVar("_T")
-_spawner: tuple[int, queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]] | None = None
+_spawner: tuple[int, ThreadPoolExecutor] | None = None
 _spawner_lock = threading.Lock()
 
 
 def spawn(start: Callable[[], _T]) -> _T:
-    """`start()` (it starts a process) on one daemon thread that lives as long as this process: the kernel's
-    parent-death signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a
-    calling thread (DSPy's) may end any time."""
+    """`start()` (it starts a process) on one thread that lives as long as this process: the kernel's parent-death
+    signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a calling
+    thread (DSPy's) may end any time."""
     global _spawner
     with _spawner_lock:
         if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a fork of this process inherited it
-            _spawner = (os.getpid(), queue.SimpleQueue())
-            threading.Thread(target=_serve_spawns, args=(_spawner[1],), name="skynet-spawner", daemon=True).start()
-        requests = _spawner[1]
-    started: Future[_T] = Future()
-    requests.put((start, started))
+            _spawner = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="skynet-spawner"))
+        started = _spawner[1].submit(start)
     try:
         return started.result()
     except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
         started.add_done_callback(_kill_started)
         raise
-
-
-def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
-    while True:
-        start, started = requests.get()
-        try:
-            started.set_result(start())
-        except BaseException as exc:  # noqa: BLE001 - given to the caller, which raises it
-            started.set_exception(exc)
 
 
 def _kill_started(started: Future[Any]) -> None:
@@ -201,15 +186,30 @@ class Template:
                 return below
         return None
 
-    def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float) -> dict[str, Any] | None:
-        """Import the metric in the template: its `loaded`/`load_failed` reply, None after `seconds`."""
-        reply = self.request({"kind": "load", "spec": spec, "feedback_limit": feedback_limit}, seconds)
-        if reply is not None and isinstance(reply.get("unsafe"), list):
-            self.unsafe = [str(why) for why in reply["unsafe"]]
+    def load(self, spec: dict[str, Any], feedback_limit: int, seconds: float, timeout: float) -> None:
+        """Import the metric in the template within `seconds` (`info`, `unsafe` set); MetricLoadError (or
+        FileNotFoundError) when it did not load."""
+        try:
+            reply = self.request({"kind": "load", "spec": spec, "feedback_limit": feedback_limit}, seconds)
+        except Gone:
+            self.kill()
+            raise MetricLoadError(f"importing the metric {exit_text(self.proc.returncode)} (in its template "
+                                  "process); fix the module-level code so the file imports cleanly") from None
         printed = self.printed()
         if printed:
             logger.info("skynet-dspy: importing the metric printed:\n%s", printed)
-        return reply
+        if reply is None:
+            raise MetricLoadError(f"importing the metric did not finish within the {timeout:g} s timeout; move slow "
+                                  "work out of the module's top level (into score, or cache it), or raise timeout=")
+        if reply.get("kind") == "load_failed":
+            message, item = str(reply.get("message")), reply.get("item")
+            if item == "not_found":
+                raise FileNotFoundError(message)
+            raise MetricLoadError(message, Item(item) if item in set(Item) else Item.LOADS)
+        if reply.get("kind") != "loaded" or not isinstance(reply.get("info"), dict):
+            raise MetricLoadError("the metric's worker process answered the load with something else")
+        self.unsafe = [str(why) for why in reply["unsafe"]] if isinstance(reply.get("unsafe"), list) else []
+        self.info = wire.info_from_plain(reply["info"])
 
     def printed(self) -> str | None:
         """What the template printed so far (its first few kB), None when nothing."""
@@ -323,7 +323,7 @@ def _start_reaper(pool: str, control: list[int]) -> None:
                 _close(fd)
             select.select([user, template], [], [])
             if pool and select.select([user], [], [], 0)[0]:
-                tree.kill_marked(pool)
+                tree.kill_descendants(None, pool)
         finally:
             _exit(0)
     _close(user)
@@ -337,11 +337,7 @@ def _hold_fork_hook(
     """os.register_at_fork for the metric's code in the template: a hook for the parent's side would run in the
     template, which runs no score (one that hangs would hang every start), so it is dropped; one for the child
     runs in each worker, bounded (_run_child_hooks)."""
-    if after_in_child is None and before is None and after_in_parent is None:
-        raise TypeError("At least one argument is required.")
     if after_in_child is not None:
-        if not callable(after_in_child):
-            raise TypeError("'after_in_child' must be callable, not " + type(after_in_child).__name__)
         _child_hooks.append(after_in_child)
 
 

@@ -117,6 +117,7 @@ class _Watchdog:
             self.cond.notify()
 
     def _loop(self) -> None:
+        global _inline_ready
         with self.cond:
             while True:
                 now, call = time.monotonic(), self.active
@@ -129,7 +130,7 @@ class _Watchdog:
                     if signal.getsignal(self.signum) is _on_signal:  # checked here: too slow for every call
                         signal.pthread_kill(_MAIN_IDENT, self.signum)
                     else:  # our handler was replaced, so a signal stops no call: later calls go to pooled threads
-                        _disable_inline()
+                        _inline_ready = False
                     wait = _REFIRE
                 self.wake_at = now + wait
                 self.cond.wait(None if math.isinf(wait) else wait)
@@ -143,11 +144,6 @@ def _on_signal(signum: int, frame: Any) -> None:
     call = _watchdog.active if _watchdog is not None else None
     if call is not None and call.fired and not call.finished:
         raise CallTimedOut(f"the metric ran past its timeout of {call.timeout:g} s")
-
-
-def _disable_inline() -> None:
-    global _inline_ready
-    _inline_ready = False
 
 
 def _inline_watchdog() -> _Watchdog | None:

@@ -1,17 +1,12 @@
-"""Finding and killing every process a metric worker started, including those that left its process group.
-
-A process group misses a child that called setsid() (a daemon's double fork), which may leave the worker's
-process tree as well. So each worker's environment carries a mark of its own (`MARK`), inherited by what it
-starts: `marked` finds those in /proc, wherever they moved (not one started with an environment of the metric's
-own making, found only while it is below the worker). The worker is no subreaper: reaping orphans would take exit
-codes the metric's own Popen objects wait for.
+"""Finding and killing every process a metric worker started, including those that left its process group: each
+worker's environment carries a mark of its own (`MARK`), inherited by what it starts, found in /proc wherever it
+moved. The worker is no subreaper: reaping orphans would take exit codes the metric's own Popen objects wait for.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 
 MARK = "SKYNET_DSPY_WORKER"  # the environment variable naming the worker a process descends from
 _ROUNDS = 5  # a process killed while forking may leave a fresh child: look again, up to this many times
@@ -71,33 +66,18 @@ def marked(token: str) -> list[int]:
     return found
 
 
-def kill_marked(token: str) -> None:
-    """SIGKILL every process carrying the mark `token` (or the mark of a worker of the pool it names)."""
-    _kill_until_none(lambda: set(marked(token)))
-
-
-def kill_descendants(pid: int, token: str | None = None) -> None:
-    """SIGKILL every process below `pid` (and, with `token`, every process carrying the worker's mark)."""
-    me = os.getpid()
-
-    def found() -> set[int]:
-        below = set(descendants(pid))
-        if token is not None:
-            below.update(marked(token))
-        return below - {me, pid}
-
-    _kill_until_none(found)
-
-
-def _kill_until_none(find: Callable[[], set[int]]) -> None:
-    """SIGKILL what `find()` returns, again and again (a process may start another as it dies), until it finds
-    nothing or _ROUNDS have passed."""
+def kill_descendants(pid: int | None, token: str | None = None) -> None:
+    """SIGKILL every process below `pid` and, with `token`, every process carrying that mark (a worker's, or its
+    pool's), again and again (a process may start another as it dies) until none is left or _ROUNDS have passed."""
     for _ in range(_ROUNDS):
-        found = find()
+        found = set(descendants(pid)) if pid is not None else set()
+        if token is not None:
+            found.update(marked(token))
+        found -= {os.getpid(), pid}
         if not found:
             return
-        for pid in found:
+        for each in found:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(each, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass

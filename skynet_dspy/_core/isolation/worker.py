@@ -1,19 +1,20 @@
-"""The metric worker: runs one loaded metric's calls, one at a time, forked from the template (template.py).
-
-It never imports dspy or litellm; what the metric returns is validated here and only plain values go back
-(wire.py); llm() goes to the user's process, which holds the judge. A fork inside score fails the call and
-retires the worker; the child exits the moment it is back in this module.
+"""The metric worker: runs one loaded metric's calls, one at a time, forked from the template (template.py). It never
+imports dspy or litellm; only plain values go back (wire.py); llm() goes to the user's process. A fork inside score
+fails the call and retires the worker.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import linecache
 import os
+import pickle
 import signal
 import sys
 import threading
 import types
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -43,8 +44,8 @@ class _ParentLLM:
     def __init__(self, conn: Connection, send_lock: threading.Lock):
         self._conn = conn
         self._send_lock = send_lock
-        self._cond = threading.Condition()
-        self._reading = False
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
         self._replies: dict[int, dict[str, Any]] = {}
         self._next = 0
         self._in_flight = 0  # requests sent and not yet answered
@@ -53,7 +54,7 @@ class _ParentLLM:
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         if os.getpid() != _worker_pid:
             raise RuntimeError("llm() cannot be called from a process forked inside score()")
-        with self._cond:
+        with self._lock:
             if not self.call_id:  # a thread of the metric's, after its call: the socket is the main loop's now
                 raise LLMCallError("llm() was called after its metric call had ended")
             self._next += 1
@@ -69,7 +70,7 @@ class _ParentLLM:
                 self._conn.send_bytes(wire.to_parent(message))
             reply = self._await(request_id)
         finally:
-            with self._cond:
+            with self._lock:
                 self._in_flight -= 1
         if "text" in reply:
             return str(reply["text"])
@@ -80,47 +81,28 @@ class _ParentLLM:
         """End the call in progress: llm() fails at once from now on. True when a request is still awaiting
         its reply: a thread of the metric's would then read the socket beside the main loop, so the worker
         must retire."""
-        with self._cond:
+        with self._lock:
             self.call_id = 0
             return self._in_flight > 0
 
     def _await(self, request_id: int) -> dict[str, Any]:
-        """The reply to `request_id`; whichever waiting thread reads a reply files it for its owner."""
-        while True:
-            with self._cond:
-                while request_id not in self._replies and self._reading:
-                    self._cond.wait()
-                if request_id in self._replies:
-                    return self._replies.pop(request_id)
-                self._reading = True
-            try:
+        """The reply to `request_id`: one thread reads at a time, filing replies for the threads they belong to."""
+        with self._reading:
+            while request_id not in self._replies:
                 message: dict[str, Any] = wire.from_worker(self._conn.recv_bytes())
-            finally:
-                with self._cond:
-                    self._reading = False
-                    self._cond.notify_all()
-            if message["request"] == request_id:
-                return message
-            with self._cond:
                 self._replies[message["request"]] = message
-                self._cond.notify_all()
+            return self._replies.pop(request_id)
 
 
 def _load(spec: dict[str, Any]) -> LoadedMetric:
     if "path" in spec:
         return load(spec["path"], file=spec.get("file"))
     if "module" in spec:
-        import importlib
-
         return load(importlib.import_module(spec["module"]))
-    import pickle
-
     score = pickle.loads(spec["pickled"])
     _restore_file(score, spec.get("file"), spec.get("source") or [])
     loaded = load(score)
     if spec.get("reward_spec") is not None and loaded.reward_spec is None:
-        from dataclasses import replace
-
         loaded = replace(loaded, reward_spec=spec["reward_spec"])
     return loaded
 

@@ -57,9 +57,7 @@ class LoadedMetric:
 
 def register_skynet() -> None:
     """Make `import skynet` give the package's helper module (skynet_dspy/__init__.py imports it first)."""
-    helpers = sys.modules["skynet_dspy.skynet"]
-    if sys.modules.get("skynet") is not helpers:
-        sys.modules["skynet"] = helpers
+    sys.modules["skynet"] = sys.modules["skynet_dspy.skynet"]
 
 
 def load(source: Any, file: str | None = None) -> LoadedMetric:
@@ -78,7 +76,7 @@ def load(source: Any, file: str | None = None) -> LoadedMetric:
         name = getattr(source, "__name__", None) or type(source).__name__
         owner = inspect.getmodule(source)
         spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
-        file = _code_file(source)
+        file = next((code.co_filename for code in _code_objects(source)), None)
         return LoadedMetric(source, _takes_expected(source, label), identifier(name), spec, owner, label, file)
     raise TypeError(
         "load_metric() takes a path to metric.py, an imported module, or a score function; "
@@ -254,8 +252,10 @@ def _import_message(path: Path, exc: BaseException) -> str:
     else:
         message = str(exc)
         what = f"raised {type(exc).__name__}" + (f": {message}" if message else "")
-        if line and _outside(path, frames[-1].filename):  # raised in, say, a helper module beside the file
-            what += f" (in {frames[-1].filename}, line {frames[-1].lineno})"
+        last = frames[-1].filename
+        # raised in a user's file other than the metric file (a helper module beside it; not importlib or this hook)
+        if line and last not in (str(path), __file__) and not last.startswith("<") and "importlib" not in last:
+            what += f" (in {last}, line {frames[-1].lineno})"
     hint = "Fix the module-level code so the file imports cleanly."
     if isinstance(exc, ModuleNotFoundError):
         hint = (
@@ -265,11 +265,6 @@ def _import_message(path: Path, exc: BaseException) -> str:
     elif isinstance(exc, ImportError) and getattr(exc, "name", None) in ("skynet", "skynet_dspy.skynet"):
         hint = "The `skynet` module provides llm, reward, observation and service_cost."
     return f"{path}{where}{shown}: importing the file {what}. {hint}"
-
-
-def _outside(path: Path, filename: str) -> bool:
-    """True for a user's file other than the metric file (not <frozen ...>, importlib's or our import hook's)."""
-    return filename not in (str(path), __file__) and not filename.startswith("<") and "importlib" not in filename
 
 
 def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:
@@ -310,12 +305,8 @@ def _keyword_problem(params: Any) -> str | None:
     return f"needs keyword-only argument(s) {', '.join(required)}, which are never passed" if required else None
 
 
-def _code_file(fn: Any) -> str | None:
-    """The file a score function's code is in (functions, methods, partials, callable objects)."""
-    return next((code.co_filename for code in _code_objects(fn)), None)
-
-
 def _code_objects(fn: Any) -> list[types.CodeType]:
+    """The code of a score function (functions, methods, partials, callable objects)."""
     candidates = (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__"))
     return [code for code in (getattr(c, "__code__", None) for c in candidates) if isinstance(code, types.CodeType)]
 

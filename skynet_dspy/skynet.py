@@ -39,8 +39,8 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
         return handler(instructions, input, settings)
     except Exception as exc:
         kind = judge_failure(exc)
-        if call is not None and kind is not None:
-            call.note_judge_problem(kind, str(exc))
+        if call is not None and kind is not None and not call.judge_problems:
+            call.judge_problems.append((kind, str(exc)))
         raise
 
 

@@ -29,12 +29,8 @@ class MetricCall:
     llm: LLMHandler | None  # answers llm() for this call; None when no model can be reached
     observation: Observation | None  # the program's measured run on this example, if measured
     unmeasured_reason: str | None = None  # why observation is None, in words for feedback
-    # setup problems llm() hit during the call (kind, message), reported even if the metric carried on
+    # the first setup problem llm() hit during the call (kind, message), reported even if the metric carried on
     judge_problems: list[tuple[Failure, str]] = field(default_factory=list)
-
-    def note_judge_problem(self, kind: Failure, message: str) -> None:
-        if not self.judge_problems:
-            self.judge_problems.append((kind, message))
 
 
 class CallScope:

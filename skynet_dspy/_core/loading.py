@@ -122,7 +122,10 @@ def load_file(path: Path) -> ModuleType:
     try:
         code = compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise MetricLoadError(_syntax_message(path, exc)) from None
+        where = f", line {exc.lineno}" if exc.lineno else ""
+        shown = f": `{exc.text.strip()}`" if exc.text and exc.text.strip() else ""
+        message = f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
+        raise MetricLoadError(message) from None
     except ValueError as exc:  # e.g. null bytes in the source
         raise MetricLoadError(f"{path} is not Python source: {exc}") from None
 
@@ -232,13 +235,6 @@ def _remember_source(path: Path, source: bytes) -> None:
     linecache.cache[str(path)] = (len(source), None, lines, str(path))
 
 
-def _syntax_message(path: Path, exc: SyntaxError) -> str:
-    where = f", line {exc.lineno}" if exc.lineno else ""
-    text = (exc.text or "").strip()
-    shown = f": `{text}`" if text else ""
-    return f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
-
-
 def _import_message(path: Path, exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     line = _line_in(path, frames)
@@ -252,10 +248,8 @@ def _import_message(path: Path, exc: BaseException) -> str:
     else:
         message = str(exc)
         what = f"raised {type(exc).__name__}" + (f": {message}" if message else "")
-        last = frames[-1].filename
-        # raised in a user's file other than the metric file (a helper module beside it; not importlib or this hook)
-        if line and last not in (str(path), __file__) and not last.startswith("<") and "importlib" not in last:
-            what += f" (in {last}, line {frames[-1].lineno})"
+        if line and _outside(path, frames[-1].filename):  # raised in, say, a helper module beside the file
+            what += f" (in {frames[-1].filename}, line {frames[-1].lineno})"
     hint = "Fix the module-level code so the file imports cleanly."
     if isinstance(exc, ModuleNotFoundError):
         hint = (
@@ -265,6 +259,11 @@ def _import_message(path: Path, exc: BaseException) -> str:
     elif isinstance(exc, ImportError) and getattr(exc, "name", None) in ("skynet", "skynet_dspy.skynet"):
         hint = "The `skynet` module provides llm, reward, observation and service_cost."
     return f"{path}{where}{shown}: importing the file {what}. {hint}"
+
+
+def _outside(path: Path, filename: str) -> bool:
+    """True for a user's file other than the metric file (not <frozen ...>, importlib's or our import hook's)."""
+    return filename not in (str(path), __file__) and not filename.startswith("<") and "importlib" not in filename
 
 
 def _line_in(path: Path, frames: traceback.StackSummary) -> int | None:

@@ -1,7 +1,5 @@
-"""A metric as the user's process sees it: plain values in, a Result out, whatever the metric does.
-
-The Scorer owns the executor, turns what it reports into a Result, counts every kind of failure and logs it:
-once per kind, loudly for a setup problem, and again when calls keep failing in a row. It knows nothing of DSPy.
+"""A metric as the user's process sees it: plain values in, a Result out, whatever the metric does. The Scorer
+owns the executor, counts every kind of failure and logs it (once per kind, and when calls keep failing in a row).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from .errors import (  # noqa: E402
 
 if _sys.modules.get("skynet") is not skynet:
     _sys.modules["skynet"] = skynet
-helpers = skynet  # the older name of the same module
+helpers = _sys.modules[__name__ + ".helpers"] = skynet  # the older name of the same module
 
 if TYPE_CHECKING:
     from ._check import CheckItem, ContractReport, check_contract
@@ -74,28 +74,19 @@ if TYPE_CHECKING:
 
 # Public names whose modules pull in DSPy, GEPA or LiteLLM: imported on first use.
 _LAZY = {
-    "CheckItem": "._check",
-    "ContractReport": "._check",
-    "check_contract": "._check",
-    "Metric": "._dspy.metric",
-    "Score": "._dspy.score",
-    "load_metric": "._dspy.metric",
-    "gepa": "._dspy.optimize",
-    "Evaluator": "._gepa",
-    "make_evaluator": "._gepa",
-    "optimize_anything": "._gepa",
-    "split_row": "._gepa",
-    "configure_llm": "._judge",
-    "Endpoint": "._judge",
-    "Judge": "._judge",
-    "RayCluster": "._core.isolation.ray_cluster",
-    "CostReceipt": "._results",
-    "OptimizationReport": "._results",
-    "log_to_mlflow": "._results",
-    "report": "._results",
-    "results_frame": "._results",
-    "results_style": "._results",
-    "results_csv": "._results",
+    name: module
+    for module, names in {
+        "._check": ("CheckItem", "ContractReport", "check_contract"),
+        "._dspy.metric": ("Metric", "load_metric"),
+        "._dspy.score": ("Score",),
+        "._dspy.optimize": ("gepa",),
+        "._gepa": ("Evaluator", "make_evaluator", "optimize_anything", "split_row"),
+        "._judge": ("configure_llm", "Endpoint", "Judge"),
+        "._core.isolation.ray_cluster": ("RayCluster",),
+        "._results": ("CostReceipt", "OptimizationReport", "log_to_mlflow", "report", "results_frame",
+                      "results_style", "results_csv"),
+    }.items()
+    for name in names
 }
 
 

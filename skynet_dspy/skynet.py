@@ -11,7 +11,7 @@ from typing import Any
 
 from ._core import aio, context
 from ._core import reward as _reward
-from ._core.errors import ModelNotConfigured, OutsideMetricCall, judge_failure
+from ._core.errors import ModelNotConfigured, judge_failure
 from ._core.types import Observation
 from ._core.values import check_llm_arguments
 
@@ -27,9 +27,7 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
     when the model cannot answer.
     """
     check_llm_arguments(instructions, input, settings)
-    call = context.current_or_none()
-    if call is None and context.several_in_progress():  # the same error observation() gives there
-        raise OutsideMetricCall(f"skynet.llm() {context.SEVERAL_CALLS}.")
+    call = context.current_or_none("llm")
     handler = call.llm if call is not None else context.default_llm()
     if handler is None:
         raise ModelNotConfigured(
@@ -41,8 +39,8 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
         return handler(instructions, input, settings)
     except Exception as exc:
         kind = judge_failure(exc)
-        if call is not None and kind is not None:
-            call.note_judge_problem(kind, str(exc))
+        if call is not None and kind is not None and not call.judge_problems:
+            call.judge_problems.append((kind, str(exc)))
         raise
 
 

@@ -1,9 +1,6 @@
-"""Async metrics: an `async def score` run on an event loop of its own, and blocking work an event loop awaits.
-
-A coroutine score runs on a fresh event loop, cancelled at the call's deadline (its tasks with it). Blocking
-work a coroutine awaits (an llm() request, a whole metric call) runs on a daemon thread in a copy of the
-caller's context: a request hung in HTTP never holds the process from exiting (asyncio.to_thread's threads are
-joined at exit).
+"""Async metrics: an `async def score` run on a fresh event loop, cancelled at the call's deadline, and blocking work
+a coroutine awaits (an llm() request) run on a daemon thread in a copy of the caller's context (asyncio.to_thread's
+threads are joined at exit: a request hung in HTTP would hold the process).
 """
 
 from __future__ import annotations
@@ -48,7 +45,12 @@ def run(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
         asyncio.get_running_loop()
     except RuntimeError:
         return _run_here(coroutine, timeout)
-    return _in_daemon_thread(lambda: _run_here(coroutine, timeout), lambda value, error: None, wait=True)
+    done: list[tuple[Any, BaseException | None]] = []
+    _in_daemon_thread(lambda: _run_here(coroutine, timeout), lambda *outcome: done.append(outcome)).join()
+    value, error = done[0]
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
 
 
 def _run_here(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
@@ -63,30 +65,22 @@ def _run_here(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
         _close(loop)
 
 
-def _in_daemon_thread(work: Callable[[], T], deliver: Callable[[Any, BaseException | None], None],
-                      wait: bool = False) -> T:
-    """`work()` on a daemon thread in a copy of this context, its (value, error) handed to `deliver` there; with
-    `wait`, joined and its value returned (or its error raised) here."""
+def _in_daemon_thread(
+    work: Callable[[], Any], deliver: Callable[[Any, BaseException | None], None]
+) -> threading.Thread:
+    """`work()` started on a daemon thread in a copy of this context, its (value, error) handed to `deliver` there."""
     context = contextvars.copy_context()
-    done: list[tuple[Any, BaseException | None]] = []
 
     def target() -> None:
         try:
             value, error = context.run(work), None
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             value, error = None, exc
-        done.append((value, error))
         deliver(value, error)
 
     thread = threading.Thread(target=target, name="skynet-await", daemon=True)
     thread.start()
-    if not wait:
-        return None  # type: ignore[return-value]
-    thread.join()
-    value, error = done[0]
-    if error is not None:
-        raise error
-    return value  # type: ignore[no-any-return]
+    return thread
 
 
 async def _within(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:

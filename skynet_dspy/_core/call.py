@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import aio
@@ -106,10 +106,7 @@ def _with_judge(outcome: Outcome, call: MetricCall) -> Outcome:
     if not call.judge_problems:
         return outcome
     kind, message = call.judge_problems[0]
-    return Outcome(
-        result=outcome.result, failure=outcome.failure, detail=outcome.detail, rule=outcome.rule,
-        error_type=outcome.error_type, judge_problem=kind, judge_detail=message,
-    )
+    return replace(outcome, judge_problem=kind, judge_detail=message)
 
 
 def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call: MetricCall) -> Outcome:

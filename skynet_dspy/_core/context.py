@@ -1,9 +1,7 @@
 """The context of one metric call, read by the `skynet` helpers (llm, observation, reward, service_cost).
 
-A contextvar, so each call sees its own values under DSPy's thread pool, in the timeout's worker thread
-(which runs in a copy of the caller's context) and in a worker process (which sets it per call). A thread
-the metric starts itself has no copy of the context: it is given the one call in progress in the process
-(a worker process runs one call at a time), and a clear error when several are.
+A contextvar, so each call sees its own values in DSPy's threads, the timeout's thread and a worker process; a
+thread the metric starts itself is given the one call in progress in the process (a clear error when several are).
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +29,8 @@ class MetricCall:
     llm: LLMHandler | None  # answers llm() for this call; None when no model can be reached
     observation: Observation | None  # the program's measured run on this example, if measured
     unmeasured_reason: str | None = None  # why observation is None, in words for feedback
-    # setup problems llm() hit during the call (kind, message), reported even if the metric carried on
+    # the first setup problem llm() hit during the call (kind, message), reported even if the metric carried on
     judge_problems: list[tuple[Failure, str]] = field(default_factory=list)
-
-    def note_judge_problem(self, kind: Failure, message: str) -> None:
-        if not self.judge_problems:
-            self.judge_problems.append((kind, message))
 
 
 class CallScope:
@@ -195,7 +189,7 @@ _default_llm: LLMHandler | None = None  # llm() outside a metric call (a noteboo
 _in_progress: list[MetricCall] = []  # every call in progress in this process, for threads the metric starts
 _in_progress_lock = threading.Lock()
 
-SEVERAL_CALLS = (
+_SEVERAL_CALLS = (
     "was called from a thread the metric started while several metric calls run at once in this process "
     "(isolation='thread'), so it cannot tell which call it belongs to. Start the thread in a copy of the "
     "metric's context (contextvars.copy_context().run(...)), or use the default isolation='process'"
@@ -204,10 +198,8 @@ SEVERAL_CALLS = (
 
 def current(helper: str) -> MetricCall:
     """The metric call in progress, or a clear error naming the helper called outside one."""
-    call = current_or_none()
+    call = current_or_none(helper)
     if call is None:
-        if several_in_progress():
-            raise OutsideMetricCall(f"skynet.{helper}() {SEVERAL_CALLS}.")
         raise OutsideMetricCall(
             f"skynet.{helper}() was called outside a metric call. It reads the example being scored, "
             "so call it from inside score() while skynet-dspy runs the metric "
@@ -216,21 +208,18 @@ def current(helper: str) -> MetricCall:
     return call
 
 
-def current_or_none() -> MetricCall | None:
-    """The metric call in progress in this context, else the only one in progress in the process, else None."""
+def current_or_none(helper: str) -> MetricCall | None:
+    """The metric call in progress in this context, else the only one in progress in the process, else None; an
+    OutsideMetricCall naming `helper` when several are (a thread the metric started cannot tell which is its own)."""
     call = _current.get()
-    if call is None:
-        in_progress = _in_progress
-        if len(in_progress) == 1:
-            try:
-                return in_progress[0]
-            except IndexError:  # it ended meanwhile
-                return None
+    if call is None and _in_progress:
+        if len(_in_progress) > 1:
+            raise OutsideMetricCall(f"skynet.{helper}() {_SEVERAL_CALLS}.")
+        try:
+            return _in_progress[0]
+        except IndexError:  # it ended meanwhile
+            return None
     return call
-
-
-def several_in_progress() -> bool:
-    return len(_in_progress) > 1
 
 
 @contextmanager
@@ -258,27 +247,26 @@ def default_llm() -> LLMHandler | None:
 
 
 @contextmanager
-def judging() -> Iterator[None]:
-    """Within this block, model calls are the judge's (llm()), never counted as the program's run."""
-    token = _judging.set(True)
+def _setting(var: ContextVar[bool]) -> Iterator[None]:
+    token = var.set(True)
     try:
         yield
     finally:
-        _judging.reset(token)
+        var.reset(token)
 
 
 _fresh: ContextVar[bool] = ContextVar("skynet_fresh_answers", default=False)
 
 
-@contextmanager
-def fresh_answers() -> Iterator[None]:
+def judging() -> AbstractContextManager[None]:
+    """Within this block, model calls are the judge's (llm()), never counted as the program's run."""
+    return _setting(_judging)
+
+
+def fresh_answers() -> AbstractContextManager[None]:
     """Within this block, llm() asks its model again: the judge's cache is neither read nor written (the contract
     check's repeats, which measure how much the judge's answers vary)."""
-    token = _fresh.set(True)
-    try:
-        yield
-    finally:
-        _fresh.reset(token)
+    return _setting(_fresh)
 
 
 def wants_fresh_answers() -> bool:

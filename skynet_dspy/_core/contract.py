@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -103,16 +102,12 @@ def finish_feedback(result: Result, feedback_limit: int) -> Result:
 def _check(value: Any, feedback_limit: int) -> Result:
     # Reads go through the base classes' own methods (tuple.__len__, dict.__getitem__, str.__str__...), so
     # subclasses that override them cannot change what is checked.
-    item: Callable[[Any, int], Any]
-    if isinstance(value, tuple):
-        size, item = tuple.__len__(value), tuple.__getitem__
-    elif isinstance(value, list):
-        size, item = list.__len__(value), list.__getitem__
-    else:
+    if not isinstance(value, (tuple, list)):
         raise _not_a_pair(value)
-    if size != 2:
-        raise _violation("not exactly 2 items", f"return exactly {_PAIR}", value, f" ({size} items)")
-    raw_score, info = item(value, 0), item(value, 1)
+    pair = tuple(tuple.__iter__(value) if isinstance(value, tuple) else list.__iter__(value))
+    if len(pair) != 2:
+        raise _violation("not exactly 2 items", f"return exactly {_PAIR}", value, f" ({len(pair)} items)")
+    raw_score, info = pair
     if isinstance(raw_score, str):
         raise _violation("score is a string", "return a number such as 0.8, not the text '0.8'", value)
     number = as_number(raw_score)

@@ -107,21 +107,21 @@ NO_JUDGE_MODEL = (
 )
 
 
+_JUDGE_ERRORS: dict[Failure, type[SkynetDspyError]] = {
+    Failure.JUDGE_NOT_CONFIGURED: ModelNotConfigured,
+    Failure.SPEND_CAP: SpendCapReached,
+}
+
+
 def judge_failure(exc: BaseException) -> Failure | None:
     """The failure kind of an error llm() raised (no model, a spending cap, a failed call), or None for others."""
-    if isinstance(exc, ModelNotConfigured):
-        return Failure.JUDGE_NOT_CONFIGURED
-    if isinstance(exc, SpendCapReached):
-        return Failure.SPEND_CAP
     if isinstance(exc, LLMCallError):
-        return Failure.JUDGE_UNREACHABLE if getattr(exc, "unreachable", False) else Failure.JUDGE_ERROR
-    return None
+        return Failure.JUDGE_UNREACHABLE if exc.unreachable else Failure.JUDGE_ERROR
+    return next((kind for kind, error in _JUDGE_ERRORS.items() if isinstance(exc, error)), None)
 
 
 def judge_error(kind: Failure, message: str, status: int | None = None, refused: bool = False) -> SkynetDspyError:
     """The error llm() raises for a judge failure of `kind` (how a worker process rebuilds the user's answer)."""
-    if kind is Failure.JUDGE_NOT_CONFIGURED:
-        return ModelNotConfigured(message)
-    if kind is Failure.SPEND_CAP:
-        return SpendCapReached(message)
+    if kind in _JUDGE_ERRORS:
+        return _JUDGE_ERRORS[kind](message)
     return LLMCallError(message, status, refused=refused, unreachable=kind is Failure.JUDGE_UNREACHABLE)

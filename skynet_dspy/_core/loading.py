@@ -57,9 +57,7 @@ class LoadedMetric:
 
 def register_skynet() -> None:
     """Make `import skynet` give the package's helper module (skynet_dspy/__init__.py imports it first)."""
-    helpers = sys.modules["skynet_dspy.skynet"]
-    if sys.modules.get("skynet") is not helpers:
-        sys.modules["skynet"] = helpers
+    sys.modules["skynet"] = sys.modules["skynet_dspy.skynet"]
 
 
 def load(source: Any, file: str | None = None) -> LoadedMetric:
@@ -78,7 +76,7 @@ def load(source: Any, file: str | None = None) -> LoadedMetric:
         name = getattr(source, "__name__", None) or type(source).__name__
         owner = inspect.getmodule(source)
         spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
-        file = _code_file(source)
+        file = next((code.co_filename for code in _code_objects(source)), None)
         return LoadedMetric(source, _takes_expected(source, label), identifier(name), spec, owner, label, file)
     raise TypeError(
         "load_metric() takes a path to metric.py, an imported module, or a score function; "
@@ -124,7 +122,10 @@ def load_file(path: Path) -> ModuleType:
     try:
         code = compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise MetricLoadError(_syntax_message(path, exc)) from None
+        where = f", line {exc.lineno}" if exc.lineno else ""
+        shown = f": `{exc.text.strip()}`" if exc.text and exc.text.strip() else ""
+        message = f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
+        raise MetricLoadError(message) from None
     except ValueError as exc:  # e.g. null bytes in the source
         raise MetricLoadError(f"{path} is not Python source: {exc}") from None
 
@@ -234,13 +235,6 @@ def _remember_source(path: Path, source: bytes) -> None:
     linecache.cache[str(path)] = (len(source), None, lines, str(path))
 
 
-def _syntax_message(path: Path, exc: SyntaxError) -> str:
-    where = f", line {exc.lineno}" if exc.lineno else ""
-    text = (exc.text or "").strip()
-    shown = f": `{text}`" if text else ""
-    return f"{path}{where}: syntax error: {exc.msg}{shown}. Fix the file and load it again."
-
-
 def _import_message(path: Path, exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     line = _line_in(path, frames)
@@ -310,12 +304,8 @@ def _keyword_problem(params: Any) -> str | None:
     return f"needs keyword-only argument(s) {', '.join(required)}, which are never passed" if required else None
 
 
-def _code_file(fn: Any) -> str | None:
-    """The file a score function's code is in (functions, methods, partials, callable objects)."""
-    return next((code.co_filename for code in _code_objects(fn)), None)
-
-
 def _code_objects(fn: Any) -> list[types.CodeType]:
+    """The code of a score function (functions, methods, partials, callable objects)."""
     candidates = (fn, getattr(fn, "func", None), type(fn).__dict__.get("__call__"))
     return [code for code in (getattr(c, "__code__", None) for c in candidates) if isinstance(code, types.CodeType)]
 

@@ -1,9 +1,5 @@
-"""The options of the public API, typed once: a misspelt or mistyped option is a type checker's error.
-
-`MetricOptions` are `load_metric()`'s; `skynet_dspy.gepa()`, `optimize_anything()`, `make_evaluator()`,
-`check_contract()` and the command line take the same ones (or the `ScoringOptions` part of them, where the
-program's output or the models are their own arguments). Their defaults are `Metric`'s parameters; a test holds
-the two, and the table in docs/dspy.md, to the same names, types and defaults.
+"""The options of the public API, typed once: a misspelt or mistyped option is a type checker's error. Their
+defaults are `Metric`'s parameters; a test holds the two, and the table in docs/dspy.md, to the same names and types.
 """
 
 from __future__ import annotations

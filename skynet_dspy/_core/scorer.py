@@ -1,7 +1,5 @@
-"""A metric as the user's process sees it: plain values in, a Result out, whatever the metric does.
-
-The Scorer owns the executor, turns what it reports into a Result, counts every kind of failure and logs it:
-once per kind, loudly for a setup problem, and again when calls keep failing in a row. It knows nothing of DSPy.
+"""A metric as the user's process sees it: plain values in, a Result out, whatever the metric does. The Scorer
+owns the executor, counts every kind of failure and logs it (once per kind, and when calls keep failing in a row).
 """
 
 from __future__ import annotations
@@ -115,7 +113,7 @@ class Scorer:
         self._logged: set[str] = set()
         self._streak = 0  # failed calls in a row
         self._runs = 0  # Evaluates and optimizations in progress (run())
-        self._unreachable = ""  # the latest judge_unreachable failure's detail, for judge_summary()
+        self._unreachable = ""  # the latest judge_unreachable failure's detail, for run()
         self._program = ProgramUsage()  # the measured runs of the calls made, added up
         self.closed = False
 
@@ -189,8 +187,8 @@ class Scorer:
 
     @contextmanager
     def run(self) -> Iterator[None]:
-        """An Evaluate or an optimization: at the end of the outermost one in progress, judge_summary() of its
-        calls."""
+        """An Evaluate or an optimization: at the end of the outermost one in progress, say once how many of its
+        calls could not reach the judge."""
         with self._lock:
             self._runs += 1
             outer, before = self._runs == 1, Counter(self._counts)
@@ -199,23 +197,14 @@ class Scorer:
         finally:
             with self._lock:
                 self._runs -= 1
-            if outer:
-                self.judge_summary(before)
-
-    def judge_summary(self, before: Counter[str] | None = None) -> str | None:
-        """Say once how many calls (since the counts `before`) could not reach the judge; the sentence, or None when
-        all could."""
-        before = before or Counter()
-        with self._lock:
-            failed = self._counts[Failure.JUDGE_UNREACHABLE] - before[Failure.JUDGE_UNREACHABLE]
-            calls = self._counts["calls"] - before["calls"]
-            detail = self._unreachable
-        if failed <= 0:
-            return None
-        text = (f"{failed} of {calls} calls could not reach the judge: {detail}. They scored {self.failure_score:g} "
-                f"(failure kind {Failure.JUDGE_UNREACHABLE.value} in metric.stats and the results table)")
-        logger.error("skynet-dspy metric %s: %s.", self.info.label, text)
-        return text
+                failed = self._counts[Failure.JUDGE_UNREACHABLE] - before[Failure.JUDGE_UNREACHABLE]
+                calls = self._counts["calls"] - before["calls"]
+            if outer and failed > 0:
+                logger.error(
+                    "skynet-dspy metric %s: %d of %d calls could not reach the judge: %s. They scored %g (failure kind "
+                    "%s in metric.stats and the results table).",
+                    self.info.label, failed, calls, self._unreachable, self.failure_score, Failure.JUDGE_UNREACHABLE,
+                )
 
     def _setup_problem(self, kind: Failure, detail: str) -> None:
         """Log a setup problem (no judge model, a refused key, a spending cap) as an error, the first time."""

@@ -1,16 +1,8 @@
 """Keeping credentials out of every error, log line, feedback text, repr, report and file the package writes.
 
-Redaction does not depend on knowing every key in advance. It masks:
-- the values of environment variables whose name says they hold a credential, read when redacting, so a key
-  set after a metric was loaded is masked (the rules: `env_credential`, below; docs/safe-output.md);
-- every key given to the package (`register`), whatever its length from 4 characters;
-- common key shapes by pattern: `sk-...`, `Bearer ...`, `Basic ...`, `?api_key=...` / `&key=...` query parameters,
-  URL userinfo `user:pass@`, AWS access key ids, JWTs (`eyJ...`), PEM private key blocks, a connection string's
-  `AccountKey=` / `Password=`;
-- the escaped forms of known keys (repr, JSON, HTML), for text built from an escaped value.
-
-Callers redact before escaping (HTML, JSON, repr) so an escaped key never slips past.
-This module imports nothing from the package: every layer may use it.
+Masked: environment values whose name says they hold a credential (read when redacting; `env_credential`), every
+key given to the package (`register`) and its escaped forms, and common key shapes by pattern (`_SHAPES`); the
+rules are docs/safe-output.md's. Callers redact before escaping. This module imports nothing from the package.
 """
 
 from __future__ import annotations
@@ -28,16 +20,9 @@ MASK = "***"
 MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
 MIN_ENV_LENGTH = 4  # an environment credential is masked (and kept from workers) from this length
 
-# The environment-variable rules, in one place (documented in docs/safe-output.md):
-# - a name that says it is a secret (PASSWORD, PASSWD, PASSPHRASE, PASS as a whole part or a suffix as in SSHPASS,
-#   PWD after a prefix as in MYSQL_PWD (PWD alone is the working folder), SECRET, CREDENTIAL, CONNECTION_STRING):
-#   its value is a credential from MIN_ENV_LENGTH characters, whatever it looks like ("true"/"false" aside, see below);
-# - a name that says it is a key, token or authentication (KEY, TOKEN, JWT, AUTH but not AUTHOR, PAT as a whole
-#   part, COOKIE, WEBHOOK, DSN): its value is a credential from MIN_ENV_LENGTH characters unless it is plainly
-#   a setting: true/false, yes/no, on/off, or a number (TOKENIZERS_PARALLELISM=false, MAX_TOKENS=4096), or its
-#   name ends in a word that names a setting about the credential, not the credential (RAY_AUTH_MODE=token,
-#   AUTH_TYPE=basic, SSL_KEY_FILE=/etc/key.pem: _MODE, _TYPE, _METHOD, _SCHEME, _PROVIDER, _BACKEND, _STRATEGY,
-#   _LEVEL, _FILE, _PATH, _DIR, _ENABLED, _DISABLED);
+# The environment-variable rules (docs/safe-output.md): a secret-named variable holds a credential from
+# MIN_ENV_LENGTH characters; a key/token/auth-named one unless its value is plainly a setting (true/false, yes/no,
+# on/off, a number) or its name ends in a word naming a setting about the credential (_MODE, _TYPE, _FILE, ...);
 # "true" and "false" are never masked in text: masking them would break every JSON document the package prints.
 _SECRET_NAME = re.compile(
     r"SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CONNECTION_?STRING|(?:^|_)PASS(?:$|_)|(?<!BY)PASS$|.+_PWD(?:$|_)",
@@ -50,37 +35,6 @@ _SETTING_NAME = re.compile(
     r"_(?:MODE|TYPE|METHOD|SCHEME|PROVIDER|BACKEND|STRATEGY|LEVEL|FILE|PATH|DIR|ENABLED|DISABLED)$", re.IGNORECASE
 )
 _NEVER_MASKED = frozenset({"true", "false"})
-_JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*")
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[\s\S]*)")
-_SHAPES = (
-    # OpenAI/Anthropic/... style keys: sk-..., sk-proj-..., sk-ant-...
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK),
-    (re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=\-]{6,}"), "Bearer " + MASK),
-    # HTTP basic auth, base64 of user:password (what a server echoing the Authorization header shows)
-    (re.compile(r"\bBasic\s+([A-Za-z0-9+/]{6,}={0,2})"), lambda found: _basic(found)),
-    # ?api_key=... &key=... &token=... in a URL
-    (
-        re.compile(
-            r"([?&](?:api[_-]?key|key|token|access[_-]?token|secret|password|passwd|sig|signature)=)[^&#\s'\"<>]+",
-            re.IGNORECASE,
-        ),
-        r"\1" + MASK,
-    ),
-    # scheme://user:password@host (the user may be empty: redis://:password@host)
-    (
-        re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)([^/\s:@'\"<>]*):[^/\s@'\"<>]+@"),
-        lambda found: f"{found[1]}{MASK if found[2] else ''}:{MASK}@",
-    ),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
-    # GitHub tokens (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_), Slack tokens (xoxb-, xoxp-, ...) and webhooks
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), MASK),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), MASK),
-    (re.compile(r"(hooks\.slack\.com/services/)[A-Za-z0-9/]+"), r"\1" + MASK),
-    (_JWT, MASK),
-    # connection strings: AccountKey=... (Azure), Password=... / Pwd=... (ODBC, ADO.NET, libpq key=value)
-    (re.compile(r"\b((?:AccountKey|SharedAccessKey|Password|Pwd)\s*=\s*)[^;&\s'\"<>]+", re.IGNORECASE), r"\1" + MASK),
-    (_PEM, MASK),
-)
 
 
 def _basic(found: re.Match[str]) -> str:
@@ -90,6 +44,44 @@ def _basic(found: re.Match[str]) -> str:
     except (ValueError, binascii.Error):
         return found[0]
     return "Basic " + MASK if b":" in decoded else found[0]
+
+
+# The key shapes: (pattern, replacement, whether a match also marks a whole environment value as a credential:
+# distinctive enough never to be part of a path or a setting, unlike "sk-" in /opt/sk-toolkit/bin).
+_SHAPES: tuple[tuple[re.Pattern[str], Any, bool], ...] = (
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), MASK, False),  # OpenAI/Anthropic/... style keys: sk-..., sk-ant-...
+    (re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=\-]{6,}"), "Bearer " + MASK, False),
+    # HTTP basic auth, base64 of user:password (what a server echoing the Authorization header shows)
+    (re.compile(r"\bBasic\s+([A-Za-z0-9+/]{6,}={0,2})"), _basic, False),
+    # ?api_key=... &key=... &token=... in a URL
+    (
+        re.compile(
+            r"([?&](?:api[_-]?key|key|token|access[_-]?token|secret|password|passwd|sig|signature)=)[^&#\s'\"<>]+",
+            re.IGNORECASE,
+        ),
+        r"\1" + MASK,
+        False,
+    ),
+    # scheme://user:password@host (the user may be empty: redis://:password@host)
+    (
+        re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)([^/\s:@'\"<>]*):[^/\s@'\"<>]+@"),
+        lambda found: f"{found[1]}{MASK if found[2] else ''}:{MASK}@",
+        True,
+    ),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK, True),
+    # GitHub tokens (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_), Slack tokens (xoxb-, xoxp-, ...) and webhooks
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), MASK, True),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), MASK, True),
+    (re.compile(r"(hooks\.slack\.com/services/)[A-Za-z0-9/]+"), r"\1" + MASK, True),
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), MASK, True),  # JWTs
+    # connection strings: AccountKey=... (Azure), Password=... / Pwd=... (ODBC, ADO.NET, libpq key=value)
+    (re.compile(r"\b((?:AccountKey|SharedAccessKey|Password|Pwd)\s*=\s*)[^;&\s'\"<>]+", re.IGNORECASE), r"\1" + MASK,
+     True),
+    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[\s\S]*)"), MASK,
+     True),
+)
+# The shapes that mark a whole environment value as holding a credential (a bare sk- key only as the whole value).
+_VALUE_SHAPES = (re.compile(r"^\s*sk-[A-Za-z0-9_\-]{16,}\s*$"), *(pattern for pattern, _, whole in _SHAPES if whole))
 
 
 _lock = threading.Lock()
@@ -179,24 +171,9 @@ def redact(text: str) -> str:
     if literal is not _NOTHING:
         text = literal.sub(MASK, text)
     if any(hint in text for hint in _SHAPE_HINTS):
-        for pattern, replacement in _SHAPES:
+        for pattern, replacement, _ in _SHAPES:
             text = pattern.sub(replacement, text)
     return text
-
-
-# The shapes that mark a whole environment value as holding a credential: distinctive enough never to be
-# part of a path or a setting (unlike "sk-" in /opt/sk-toolkit/bin).
-_VALUE_SHAPES = (
-    re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@'\"<>]*:[^/\s@'\"<>]+@"),  # a URL with a password
-    re.compile(r"^\s*sk-[A-Za-z0-9_\-]{16,}\s*$"),  # the whole value is an sk- key
-    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
-    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
-    re.compile(r"hooks\.slack\.com/services/"),
-    _JWT,
-    _PEM,
-    re.compile(r"\b(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=\s*[^;&\s'\"<>]", re.IGNORECASE),
-)
 
 
 def looks_like_credential(value: str) -> bool:

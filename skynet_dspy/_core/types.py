@@ -168,6 +168,11 @@ class Usage(_Counts):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def usage(self) -> Usage:
+        """These figures as a plain Usage (a JudgeUsage's without the judge's own counts)."""
+        return Usage(self.calls, self.prompt_tokens, self.completion_tokens, self.cost_usd, self.seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class Observation:
@@ -285,38 +290,30 @@ class ProgramUsage(_Counts):
 
 
 @dataclass(frozen=True, slots=True)
-class JudgeUsage(_Counts):
-    """What a metric's llm() calls used (docs/judge.md#usage); `a + b` and `after - before` work field by field.
+class JudgeUsage(Usage):
+    """What a metric's llm() calls used (docs/judge.md#usage): a Usage with the judge's own counts.
 
     Attributes:
-        requests: HTTP requests sent to the judge model, retries included (what the server saw).
-        retries: Of those, the ones that repeated a failed request (a 429, a 5xx, a timeout, an empty answer).
-        failed: llm() calls that got no answer: their requests failed after their retries, or were refused.
-        cache_hits: llm() calls answered from the judge's cache (nothing sent).
+        calls: HTTP requests sent to the judge model, retries included (what the server saw); also `requests`.
         prompt_tokens: Prompt tokens of the answered requests.
         completion_tokens: Completion tokens of the answered requests.
         cost_usd: USD cost; None when the price of any answered request is unknown.
         seconds: Wall-clock time during which at least one request was in progress (its waits and retries
             included), not a sum over threads.
+        retries: Of the requests, the ones that repeated a failed request (a 429, a 5xx, a timeout, an empty answer).
+        failed: llm() calls that got no answer: their requests failed after their retries, or were refused.
+        cache_hits: llm() calls answered from the judge's cache (nothing sent).
+        total_tokens: prompt_tokens + completion_tokens.
     """
 
-    requests: int = 0
     retries: int = 0
     failed: int = 0
     cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = 0.0
-    seconds: float = 0.0
 
     @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def usage(self) -> Usage:
-        """The requests sent, their tokens, cost and time, as a Usage."""
-        return Usage(self.requests, self.prompt_tokens, self.completion_tokens, self.cost_usd, self.seconds)
+    def requests(self) -> int:
+        """HTTP requests sent to the judge model, retries included: `calls` by the judge's own name."""
+        return self.calls
 
 
 @dataclass(frozen=True, slots=True)

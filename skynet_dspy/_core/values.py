@@ -91,12 +91,9 @@ class _Repr(reprlib.Repr):
 
 
 _repr = _Repr()
-_repr.maxstring = 120
-_repr.maxother = 120
+_repr.maxstring = _repr.maxother = 120
 _repr.maxlong = 60
-_repr.maxdict = 8
-_repr.maxlist = 8
-_repr.maxtuple = 8
+_repr.maxdict = _repr.maxlist = _repr.maxtuple = 8
 
 
 def shorten(value: Any, limit: int = 200) -> str:

@@ -328,7 +328,7 @@ class Judge:
         """A snapshot of the judge's usage through this object so far."""
         with self._lock:
             running = time.perf_counter() - self._busy_since if self._active else 0.0
-            return JudgeUsage(requests=self._requests_sent, retries=self._retries, failed=self._failed,
+            return JudgeUsage(calls=self._requests_sent, retries=self._retries, failed=self._failed,
                               cache_hits=self._hits, prompt_tokens=self._prompt_tokens,
                               completion_tokens=self._completion_tokens, cost_usd=self._cost,
                               seconds=self._seconds + running)

@@ -11,7 +11,7 @@ from skynet_dspy._dspy.record import ReflectionUsage, RunRecord
 def _record() -> RunRecord:
     return RunRecord(
         metric="m", started_at=0.0, seconds=1.0,
-        judge=JudgeUsage(requests=2, cache_hits=0, prompt_tokens=10, completion_tokens=5, cost_usd=0.0, seconds=0.1),
+        judge=JudgeUsage(calls=2, cache_hits=0, prompt_tokens=10, completion_tokens=5, cost_usd=0.0, seconds=0.1),
         program=ProgramUsage(runs=3, model_calls=3, prompt_tokens=30, completion_tokens=9, cost_usd=0.00027,
                              unpriced=0, run_ms=12.0, unmeasured=0),
         reflection=ReflectionUsage(1, 0, 100, 20, None, "no price known for model m"),

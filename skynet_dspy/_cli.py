@@ -212,15 +212,16 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
         raise UsageError(f"metric file not found: {args.metric}")
     if args.api_base and not args.metric_lm:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
-    options: MetricOptions = {"timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation}
+    options: MetricOptions = {
+        "timeout": args.timeout,
+        "output_fields": args.output_fields,
+        "isolation": args.isolation,
+        "judge_max_concurrency": args.judge_max_concurrency,
+        "judge_rpm": args.judge_rpm,
+        "max_judge_cost_usd": getattr(args, "max_judge_cost_usd", None),  # check's flag
+    }
     if args.metric_lm:
         options["metric_lm"] = {"model": args.metric_lm, "api_base": args.api_base} if args.api_base else args.metric_lm
-    if args.judge_max_concurrency is not None:
-        options["judge_max_concurrency"] = args.judge_max_concurrency
-    if args.judge_rpm is not None:
-        options["judge_rpm"] = args.judge_rpm
-    if getattr(args, "max_judge_cost_usd", None) is not None:  # check's flag
-        options["max_judge_cost_usd"] = args.max_judge_cost_usd
     return options
 
 

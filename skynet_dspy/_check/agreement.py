@@ -7,9 +7,9 @@ here in a few lines: scipy is not a dependency, and Python 3.11's statistics.cor
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -247,11 +247,8 @@ def cohen_kappa(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 def _ranks(values: Sequence[float]) -> list[float]:
     """Each value's rank from 1; tied values share the mean of their ranks."""
-    first: dict[float, int] = {}
-    for position, value in enumerate(sorted(values)):
-        first.setdefault(value, position)
-    counts = Counter(values)
-    return [first[value] + (counts[value] + 1) / 2 for value in values]
+    ordered = sorted(values)
+    return [(bisect.bisect_left(ordered, value) + bisect.bisect_right(ordered, value) + 1) / 2 for value in values]
 
 
 def agreement_item(found: Agreement) -> CheckItem:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._core import context, secrets
@@ -115,13 +115,9 @@ class Stability:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "runs": self.runs,
-            "max_spread": self.max_spread,
+            **asdict(self),
             "verdict_changed_share": self.changed_share,
             "unstable_cases": [case.case for case in self.unstable],
-            "estimate": self.estimate,
-            "judge_requests": self.judge_requests,
-            "judge_cost_usd": self.judge_cost_usd,
             "stopped": None if self.stopped is None else secrets.redact(self.stopped),
             "cases": [
                 {"case": case.case, "score": case.score.to_dict(),

@@ -68,34 +68,27 @@ def score_cases(
             progress(1)
         return index
 
-    def scored(index: int) -> None:
-        result = results[index]
-        if on_scored is not None and result is not None:
-            on_scored(Scored(index + 1, result))
-
     def finished(futures: set[Future[int]]) -> set[Future[int]]:
         done, pending = wait(futures, return_when=FIRST_COMPLETED)
         for future in done:
-            scored(future.result())
+            result = results[future.result()]
+            if on_scored is not None and result is not None:
+                on_scored(Scored(future.result() + 1, result))
         return pending
 
     pending: set[Future[int]] = set()
-    if threads <= 1:  # on this thread, as the calls come
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
+    try:
         for index in range(len(cases)):
-            scored(one(index))
-    else:
-        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
-        try:
-            for index in range(len(cases)):
-                pending.add(pool.submit(one, index))
-                if len(pending) >= threads * 4:
-                    pending = finished(pending)
-            while pending:
+            pending.add(pool.submit(one, index))
+            if len(pending) >= threads * 4:
                 pending = finished(pending)
-        except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        while pending:
+            pending = finished(pending)
+    except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [Scored(number, result) for number, result in enumerate(results, 1) if result is not None]
 
 

@@ -1,8 +1,5 @@
-"""Agreement with people (human=): a person's scores for the cases beside the metric's (docs/trustworthy.md).
-
-Per score the person gave: Spearman's rank correlation, Cohen's kappa when both sides use few levels, the mean
-absolute difference, and the cases where metric and person differ most, with the metric's feedback. Written
-here in a few lines: scipy is not a dependency, and Python 3.11's statistics.correlation has no ranked method.
+"""Agreement with people (human=): Spearman, Cohen's kappa and mean |difference| per score, and the cases that
+differ most (docs/trustworthy.md). Hand-written: no scipy, and 3.11's statistics.correlation has no ranked method.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The cases a contract check runs the metric on: dspy.Examples, case dicts, or lines of a JSONL file.
-
-A case is {"input": {...}, "output": ..., "expected": {...} | None}; a flat row ({"ticket": ..., "label": ...})
-is one when its input fields are named (`inputs=`): the other keys are the expected values.
+"""The cases a contract check runs the metric on: dspy.Examples, {"input", "output", "expected"} dicts, or flat
+rows whose input fields are named (`inputs=`), from a list or a JSONL file.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The contract check's report: one line per item, the calls it made, a verdict; as text, HTML and JSON.
-
-Every text is redacted before it is escaped or wrapped, then made safe for where it goes (_core/safe_text.py).
-"""
+"""The contract check's report as text, HTML and JSON; every text redacted, then made safe for where it goes."""
 
 from __future__ import annotations
 

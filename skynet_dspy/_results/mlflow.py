@@ -1,11 +1,6 @@
-"""log_to_mlflow(): skynet-dspy's results on an MLflow run, beside what mlflow.dspy.autolog() logs.
-
-MLflow keeps a metric's score and feedback; this adds the named scores (their means as run metrics, and per
-example in the results table next to score and feedback), the judge's usage, the cost receipt, and the
-contract report and the per-example table as artifacts. Explicit, not automatic: autolog opens and closes
-its own run per evaluation, so the user says which run the figures belong to. Every file it writes is safe to
-open: results.csv through results_csv (no cell a spreadsheet evaluates), JSON valid UTF-8, the plot drawn
-literally (_core/safe_text.py).
+"""log_to_mlflow(): named scores, judge usage, the cost receipt, the contract report and the per-example table on
+an MLflow run, beside what mlflow.dspy.autolog() logs. Explicit: autolog opens a run per evaluation, so the user
+says which run. Every file written is safe to open (_core/safe_text.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""skynet_dspy.report(): what a GEPA run found and what it cost, as text, HTML in Jupyter and a PNG plot.
-
-It reads GEPA's results (a compiled program's `detailed_results`, or optimize_anything's GEPAResult) and the
-RunRecord skynet-dspy kept of the run; every text is made safe for each medium (_core/safe_text.py).
+"""skynet_dspy.report(): what a GEPA run (dspy.GEPA's `detailed_results`, or a GEPAResult) found and cost, as
+text, HTML in Jupyter and a PNG plot; every text made safe for its medium (_core/safe_text.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""`skynet-dspy score`: a thread pool of metric.score calls, the rows written as CSV or JSONL, and a summary.
-
-Each call goes through metric.score, so it gets the isolation load_metric set up; a failed call is a row with
-its failure kind, never a stopped run. Every cell is made safe for where it goes (_core/safe_text.py).
+"""`skynet-dspy score`: a thread pool of metric.score calls (a failed call is a row with its failure kind), the
+rows written as CSV or JSONL, each cell safe for where it goes, and a summary.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""One row per scored example, in plain values (no pandas), and the column layout every results table shares.
-
-A column name already taken gets its group's prefix (input.NAME, scores.NAME), so no column is lost to another.
-"""
+"""One row per scored example in plain values, and the column layout every results table shares (a taken name
+gets its group's prefix: input.NAME, scores.NAME)."""
 
 from __future__ import annotations
 

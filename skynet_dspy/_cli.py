@@ -277,7 +277,7 @@ def _score(args: argparse.Namespace) -> int:
     summary = scoring.summarize(scored, time.perf_counter() - started)
     where = f"; rows in {args.out}" if args.out is not None else ""
     print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)
-    return EXIT_BROKEN if summary.failed else EXIT_OK
+    return EXIT_BROKEN if any(item.result.failure is not None for item in scored) else EXIT_OK
 
 
 def _out_kind(out: Path | None) -> str | None:

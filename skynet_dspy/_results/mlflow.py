@@ -96,11 +96,8 @@ def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected:
     plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
     mlflow.log_table(data=plain, artifact_file=f"{ARTIFACTS}/results.json", run_id=run_id)
     mlflow.log_text(results_csv(frame, index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
-    means, failures = table.score_means(rows), table.failure_counts(rows)
-    metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values()))}
-    if means.score is not None:
-        metrics["score"] = means.score
-    metrics |= {f"scores/{name}": value for name, value in means.named.items()}
+    failures = table.failure_counts(rows)
+    metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values())), **table.score_means(rows)}
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
     return metrics | _run_metrics([row.observation for row in rows])
 

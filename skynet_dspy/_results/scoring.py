@@ -180,36 +180,20 @@ class RowFile:
         self._handle = open(self.path, "a", encoding="utf-8", newline="")
 
 
-@dataclass(frozen=True)
-class Summary:
-    """What a scoring run came to: cases, failures by kind, mean score and named-score means, time."""
-
-    cases: int
-    failures: dict[str, int]
-    means: table.ScoreMeans
-    seconds: float
-
-    @property
-    def failed(self) -> int:
-        return sum(self.failures.values())
-
-    def __str__(self) -> str:
-        rate = f" ({self.cases / self.seconds:.0f} cases/s)" if self.seconds > 0 else ""
-        text = f"scored {self.cases} case(s) in {self.seconds:.1f} s{rate}"
-        if self.means.score is not None:
-            text += f": mean score {self.means.score:.4g}"
-        named = [f"{name} {value:.4g}" for name, value in self.means.named.items()]
-        if named:
-            text += f" ({', '.join(named)})"
-        if self.failed:
-            kinds = ", ".join(f"{count} {kind}" for kind, count in self.failures.items())
-            text += f"; {self.failed} of {self.cases} call(s) failed: {kinds}"
-        else:
-            text += "; every call worked"
-        return safe_text.for_terminal(text)
-
-
-def summarize(scored: Sequence[Scored], seconds: float) -> Summary:
-    """The summary of a scoring run that took `seconds`."""
+def summarize(scored: Sequence[Scored], seconds: float) -> str:
+    """The summary of a scoring run that took `seconds`: cases, mean scores, failures by kind."""
     results = [item.result for item in scored]
-    return Summary(len(scored), table.failure_counts(results), table.score_means(results), seconds)
+    means, failures = table.score_means(results), table.failure_counts(results)
+    text = f"scored {len(results)} case(s) in {seconds:.1f} s"
+    text += f" ({len(results) / seconds:.0f} cases/s)" if seconds > 0 else ""
+    if "score" in means:
+        text += f": mean score {means.pop('score'):.4g}"
+    named = [f"{name.removeprefix('scores/')} {value:.4g}" for name, value in means.items()]
+    text += f" ({', '.join(named)})" if named else ""
+    failed = sum(failures.values())
+    if failed:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in failures.items())
+        text += f"; {failed} of {len(results)} call(s) failed: {kinds}"
+    else:
+        text += "; every call worked"
+    return safe_text.for_terminal(text)

@@ -20,7 +20,7 @@ from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
 from . import agreement, stability
 from .agreement import DEFAULT_MIN_AGREEMENT, HumanScores
 from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
-from .items import STOPPING, all_items
+from .items import STOPPING, all_items, same_value
 from .report import Call, CaseRun, CheckItem, ContractReport, Role
 from .stability import DEFAULT_MAX_SPREAD
 
@@ -265,10 +265,6 @@ def _contrast(perfects: list[Any], index: int) -> int | None:
         return None
     for offset in range(1, len(perfects)):
         other = (index + offset) % len(perfects)
-        if perfects[other] is not None:
-            try:
-                if perfects[other] != perfects[index]:
-                    return other
-            except Exception:  # values whose == raises or is ambiguous (arrays) are skipped
-                continue
+        if perfects[other] is not None and not same_value(perfects[other], perfects[index]):
+            return other
     return None

@@ -126,8 +126,6 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
             parse_case(row, inputs)
         except DataError as exc:
             raise DataError(f"{path}, line {number}: {exc}") from None
-        except RecursionError:
-            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
         rows.append(row)
     if not rows:
         raise DataError(f"the data file {path} holds no cases; write one JSON object per line")

@@ -165,8 +165,7 @@ class ContractReport:
 
     @property
     def heading(self) -> str:
-        count = len(self.cases)
-        ran = f" on {count} case{'s' if count != 1 else ''}" if count else ""
+        ran = f" on {_cases(len(self.cases))}" if self.cases else ""
         notes = []
         if self.stopped:
             notes.append(f"{_cases(self.stopped)} not run after a call did not return in time")

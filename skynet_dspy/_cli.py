@@ -258,7 +258,7 @@ def _score(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
-        kept = rows.count if rows is not None else 0
+        kept = len(rows.rows) if rows is not None else 0
         where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
         print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
                            f"interrupt{where if kept else ''}"), file=sys.stderr)

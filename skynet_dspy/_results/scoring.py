@@ -130,10 +130,6 @@ class RowFile:
         if path is not None:
             self._rewrite(self.rows)
 
-    @property
-    def count(self) -> int:
-        return len(self.rows)
-
     def add(self, item: Scored) -> None:
         self.rows.append(item)
         if self.kind == "csv" and any(name not in self._named for name in (item.result.scores or {})):

@@ -212,15 +212,16 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
         raise UsageError(f"metric file not found: {args.metric}")
     if args.api_base and not args.metric_lm:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
-    options: MetricOptions = {"timeout": args.timeout, "output_fields": args.output_fields, "isolation": args.isolation}
+    options: MetricOptions = {
+        "timeout": args.timeout,
+        "output_fields": args.output_fields,
+        "isolation": args.isolation,
+        "judge_max_concurrency": args.judge_max_concurrency,
+        "judge_rpm": args.judge_rpm,
+        "max_judge_cost_usd": getattr(args, "max_judge_cost_usd", None),  # check's flag
+    }
     if args.metric_lm:
         options["metric_lm"] = {"model": args.metric_lm, "api_base": args.api_base} if args.api_base else args.metric_lm
-    if args.judge_max_concurrency is not None:
-        options["judge_max_concurrency"] = args.judge_max_concurrency
-    if args.judge_rpm is not None:
-        options["judge_rpm"] = args.judge_rpm
-    if getattr(args, "max_judge_cost_usd", None) is not None:  # check's flag
-        options["max_judge_cost_usd"] = args.max_judge_cost_usd
     return options
 
 
@@ -257,7 +258,7 @@ def _score(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         metric.close()  # ends the calls in progress; the scorer does not count them as the metric's failures
-        kept = rows.count if rows is not None else 0
+        kept = len(rows.rows) if rows is not None else 0
         where = f"; they are in {args.out}" if args.out is not None else " (written to standard output)"
         print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
                            f"interrupt{where if kept else ''}"), file=sys.stderr)
@@ -276,7 +277,7 @@ def _score(args: argparse.Namespace) -> int:
     summary = scoring.summarize(scored, time.perf_counter() - started)
     where = f"; rows in {args.out}" if args.out is not None else ""
     print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)
-    return EXIT_BROKEN if summary.failed else EXIT_OK
+    return EXIT_BROKEN if any(item.result.failure is not None for item in scored) else EXIT_OK
 
 
 def _out_kind(out: Path | None) -> str | None:

@@ -1,7 +1,4 @@
 """The contract check: run a metric on a few cases and say, item by item, what is wrong (docs/contract.md#names).
-
-cases.py reads the cases, items.py judges each item from the calls made, report.py writes the report;
-stability.py (repeat=) and agreement.py (human=) add the items on whether the metric can be trusted.
 Problems with the metric are reported, never raised; only bad arguments raise.
 """
 
@@ -23,7 +20,7 @@ from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
 from . import agreement, stability
 from .agreement import DEFAULT_MIN_AGREEMENT, HumanScores
 from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
-from .items import STOPPING, all_items
+from .items import STOPPING, all_items, same_value
 from .report import Call, CaseRun, CheckItem, ContractReport, Role
 from .stability import DEFAULT_MAX_SPREAD
 
@@ -107,8 +104,9 @@ def check_contract(
     if isinstance(examples, Sized):  # a generator is never read past the cases checked
         report.not_run = max(0, len(examples) - len(checked))
     asked = [item for item, wanted in ((Item.STABLE, runs > 1), (Item.AGREES, labels is not None)) if wanted]
+    options.setdefault("measure", False)  # a check scores given outputs, no program's runs
     try:
-        metric = source if isinstance(source, Metric) else load_metric(source, **_unmeasured(options))
+        metric = source if isinstance(source, Metric) else load_metric(source, **options)
     except (MetricLoadError, FileNotFoundError, RewardSpecError, WorkerError) as exc:
         _add_load_failure(report, exc, asked)
         return report
@@ -154,11 +152,6 @@ def _repeat(metric: Metric, report: ContractReport, runs: int, max_spread: float
         with _adapter_warnings_silenced():
             stability.repeat_cases(metric, report, report.stability, progress)
     report.items.append(stability.stability_item(report.stability, broken))
-
-
-def _unmeasured(options: MetricOptions) -> MetricOptions:
-    """The options with measure=False unless given: a check scores given outputs, no program's runs."""
-    return {"measure": False, **options}
 
 
 def _nothing_to_score(report: ContractReport, checked: list[Case], output_fields: Any) -> None:
@@ -272,10 +265,6 @@ def _contrast(perfects: list[Any], index: int) -> int | None:
         return None
     for offset in range(1, len(perfects)):
         other = (index + offset) % len(perfects)
-        if perfects[other] is not None:
-            try:
-                if perfects[other] != perfects[index]:
-                    return other
-            except Exception:  # values whose == raises or is ambiguous (arrays) are skipped
-                continue
+        if perfects[other] is not None and not same_value(perfects[other], perfects[index]):
+            return other
     return None

@@ -1,15 +1,12 @@
-"""Agreement with people (human=): a person's scores for the cases beside the metric's (docs/trustworthy.md).
-
-Per score the person gave: Spearman's rank correlation, Cohen's kappa when both sides use few levels, the mean
-absolute difference, and the cases where metric and person differ most, with the metric's feedback. Written
-here in a few lines: scipy is not a dependency, and Python 3.11's statistics.correlation has no ranked method.
+"""Agreement with people (human=): Spearman, Cohen's kappa and mean |difference| per score, and the cases that
+differ most (docs/trustworthy.md). Hand-written: no scipy, and 3.11's statistics.correlation has no ranked method.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -247,11 +244,8 @@ def cohen_kappa(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 def _ranks(values: Sequence[float]) -> list[float]:
     """Each value's rank from 1; tied values share the mean of their ranks."""
-    first: dict[float, int] = {}
-    for position, value in enumerate(sorted(values)):
-        first.setdefault(value, position)
-    counts = Counter(values)
-    return [first[value] + (counts[value] + 1) / 2 for value in values]
+    ordered = sorted(values)
+    return [(bisect.bisect_left(ordered, value) + bisect.bisect_right(ordered, value) + 1) / 2 for value in values]
 
 
 def agreement_item(found: Agreement) -> CheckItem:

@@ -1,7 +1,5 @@
-"""The cases a contract check runs the metric on: dspy.Examples, case dicts, or lines of a JSONL file.
-
-A case is {"input": {...}, "output": ..., "expected": {...} | None}; a flat row ({"ticket": ..., "label": ...})
-is one when its input fields are named (`inputs=`): the other keys are the expected values.
+"""The cases a contract check runs the metric on: dspy.Examples, {"input", "output", "expected"} dicts, or flat
+rows whose input fields are named (`inputs=`), from a list or a JSONL file.
 """
 
 from __future__ import annotations
@@ -128,8 +126,6 @@ def read_jsonl(path: Path, inputs: Sequence[str] | None = None) -> list[dict[str
             parse_case(row, inputs)
         except DataError as exc:
             raise DataError(f"{path}, line {number}: {exc}") from None
-        except RecursionError:
-            raise DataError(f"{path}, line {number}: the JSON is nested too deeply to read") from None
         rows.append(row)
     if not rows:
         raise DataError(f"the data file {path} holds no cases; write one JSON object per line")

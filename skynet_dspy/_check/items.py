@@ -139,10 +139,10 @@ def _shape_hint(case: Case, output_fields: Any) -> str:
 NEVER_REWARDS = "look for an inverted comparison (== where != was meant, a negated check) or a wrong field"
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
-    except Exception:  # values whose == raises or is ambiguous (arrays): taken as different
+    except Exception:  # values whose == raises or is ambiguous (arrays): taken as different (and skipped)
         return False
 
 
@@ -248,7 +248,7 @@ def _never_rewarded(tried: _Tried, call: Call, why: str) -> CheckItem:
 def _below_another(tried: _Tried) -> CheckItem | None:
     low = [
         (call, other) for call in tried.perfect for other in tried.valid
-        if other.result.score > call.result.score + tried.margin and not _same(other.output, call.output)
+        if other.result.score > call.result.score + tried.margin and not same_value(other.output, call.output)
     ]
     if not low:
         return None

@@ -1,7 +1,4 @@
-"""The contract check's report: one line per item, the calls it made, a verdict; as text, HTML and JSON.
-
-Every text is redacted before it is escaped or wrapped, then made safe for where it goes (_core/safe_text.py).
-"""
+"""The contract check's report as text, HTML and JSON; every text redacted, then made safe for where it goes."""
 
 from __future__ import annotations
 
@@ -168,8 +165,7 @@ class ContractReport:
 
     @property
     def heading(self) -> str:
-        count = len(self.cases)
-        ran = f" on {count} case{'s' if count != 1 else ''}" if count else ""
+        ran = f" on {_cases(len(self.cases))}" if self.cases else ""
         notes = []
         if self.stopped:
             notes.append(f"{_cases(self.stopped)} not run after a call did not return in time")

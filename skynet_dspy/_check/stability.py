@@ -1,16 +1,12 @@
-"""Score stability (repeat=): each case's own output scored `repeat` times, the judge asked again each time.
-
-A judge can score the same output 1 on one run and 0 on the next; an optimizer then chases noise. The check's
-own call is a case's first run; the repeats bypass the judge's cache (context.fresh_answers) within its limits
-and spending cap, and their cost is estimated from the first pass and logged before they run.
-docs/trustworthy.md#stability
+"""Score stability (repeat=): each case's own output scored `repeat` times, the judge's cache bypassed within its
+limits and spending cap, the cost estimated from the first pass and logged first (docs/trustworthy.md#stability).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._core import context, secrets
@@ -30,20 +26,19 @@ _STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED, Failure.SPEND_CAP, F
 
 @dataclass(frozen=True)
 class Spread:
-    """One score's values over a case's runs."""
+    """One score's values over a case's runs, their min, max and spread (`Spread.of(values)`)."""
 
     values: tuple[float, ...]
+    min: float
+    max: float
+    spread: float
 
-    @property
-    def spread(self) -> float:
-        return max(self.values) - min(self.values)
+    @classmethod
+    def of(cls, values: tuple[float, ...]) -> Spread:
+        return cls(values, min(values), max(values), max(values) - min(values))
 
     def text(self) -> str:
-        low, high = min(self.values), max(self.values)
-        return f"{low:.3g}" if low == high else f"{low:.3g} to {high:.3g}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"min": min(self.values), "max": max(self.values), "spread": self.spread, "values": list(self.values)}
+        return f"{self.min:.3g}" if self.min == self.max else f"{self.min:.3g} to {self.max:.3g}"
 
 
 @dataclass(frozen=True)
@@ -98,9 +93,8 @@ class Stability:
         """A case's figures as results_frame() columns."""
         for found in self.cases:
             if found.case == case:
-                return {"runs": found.runs, "score_min": min(found.score.values),
-                        "score_max": max(found.score.values), "spread": found.spread,
-                        "verdict_changed": found.verdict_changed}
+                return {"runs": found.runs, "score_min": found.score.min, "score_max": found.score.max,
+                        "spread": found.spread, "verdict_changed": found.verdict_changed}
         return {"runs": None}
 
     def lines(self) -> list[str]:
@@ -115,20 +109,10 @@ class Stability:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "runs": self.runs,
-            "max_spread": self.max_spread,
+            **asdict(self),
             "verdict_changed_share": self.changed_share,
             "unstable_cases": [case.case for case in self.unstable],
-            "estimate": self.estimate,
-            "judge_requests": self.judge_requests,
-            "judge_cost_usd": self.judge_cost_usd,
             "stopped": None if self.stopped is None else secrets.redact(self.stopped),
-            "cases": [
-                {"case": case.case, "score": case.score.to_dict(),
-                 "scores": {name: named.to_dict() for name, named in case.scores.items()},
-                 "verdict_changed": case.verdict_changed, "failures": list(case.failures)}
-                for case in self.cases
-            ],
         }
 
 
@@ -224,8 +208,8 @@ def _case(number: int, results: list[Result], threshold: float | None) -> CaseSt
     verdicts = {result.score > 0 if threshold is None else result.score >= threshold for result in results}
     return CaseStability(
         number,
-        Spread(tuple(result.score for result in results)),
-        {name: Spread(tuple(result.scores[name] for result in results if result.scores and name in result.scores))
+        Spread.of(tuple(result.score for result in results)),
+        {name: Spread.of(tuple(result.scores[name] for result in results if result.scores and name in result.scores))
          for name in names},
         len(verdicts) > 1,
         tuple(str(result.failure) for result in results if result.failure is not None),

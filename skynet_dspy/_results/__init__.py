@@ -1,9 +1,5 @@
-"""Results people look at: the per-example table, the optimization report with its cost receipt, MLflow logging,
-and scoring many cases from the command line.
-
-table.py lays out one row per example (no pandas); frame.py makes it a DataFrame (styled, or a safe CSV);
-report.py, receipt.py and plot.py describe a GEPA run; mlflow.py logs all of it; scoring.py and progress.py
-(tqdm) serve `skynet-dspy score`. pandas, matplotlib and mlflow are optional extras, imported on first use.
+"""Results people look at: the per-example table (table.py, frame.py), a GEPA run's report and receipt, MLflow
+logging, and `skynet-dspy score` (scoring.py, progress.py). pandas, matplotlib and mlflow are optional extras.
 """
 
 from __future__ import annotations

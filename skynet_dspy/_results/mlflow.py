@@ -1,11 +1,6 @@
-"""log_to_mlflow(): skynet-dspy's results on an MLflow run, beside what mlflow.dspy.autolog() logs.
-
-MLflow keeps a metric's score and feedback; this adds the named scores (their means as run metrics, and per
-example in the results table next to score and feedback), the judge's usage, the cost receipt, and the
-contract report and the per-example table as artifacts. Explicit, not automatic: autolog opens and closes
-its own run per evaluation, so the user says which run the figures belong to. Every file it writes is safe to
-open: results.csv through results_csv (no cell a spreadsheet evaluates), JSON valid UTF-8, the plot drawn
-literally (_core/safe_text.py).
+"""log_to_mlflow(): named scores, judge usage, the cost receipt, the contract report and the per-example table on
+an MLflow run, beside what mlflow.dspy.autolog() logs. Explicit: autolog opens a run per evaluation, so the user
+says which run. Every file written is safe to open (_core/safe_text.py).
 """
 
 from __future__ import annotations
@@ -13,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
@@ -45,7 +41,7 @@ def log_to_mlflow(
     Args:
         evaluation: What dspy.Evaluate returned (metrics `score`, `scores/NAME`, `failures`, `failures/KIND`;
             the table `skynet/results.json` and `skynet/results.csv`).
-        metric: A loaded Metric, for its judge usage (`judge/calls`, `judge/cache_hits`, `judge/tokens`,
+        metric: A loaded Metric, for its judge usage (`judge/requests`, `judge/cache_hits`, `judge/tokens`,
             `judge/cost_usd`, `judge/seconds`).
         report: An OptimizationReport or what skynet_dspy.report() takes (`report/...` and `receipt/...`
             metrics; `skynet/report.txt`, `.json`, `candidates.png`).
@@ -73,7 +69,7 @@ def log_to_mlflow(
         if report is not None:
             metrics |= _log_report(mlflow, report, target)
         if metric is not None:
-            metrics |= _judge_metrics(metric.judge_usage)
+            metrics |= _flat("judge", {**asdict(metric.judge_usage), "tokens": metric.judge_usage.total_tokens})
         if contract is not None:
             metrics |= _log_contract(mlflow, contract, target)
         _log_finite(mlflow, metrics, target)
@@ -100,11 +96,8 @@ def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected:
     plain.columns = [safe_text.valid_utf8(str(name)) for name in plain.columns]
     mlflow.log_table(data=plain, artifact_file=f"{ARTIFACTS}/results.json", run_id=run_id)
     mlflow.log_text(results_csv(frame, index=False), f"{ARTIFACTS}/results.csv", run_id=run_id)
-    means, failures = table.score_means(rows), table.failure_counts(rows)
-    metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values()))}
-    if means.score is not None:
-        metrics["score"] = means.score
-    metrics |= {f"scores/{name}": value for name, value in means.named.items()}
+    failures = table.failure_counts(rows)
+    metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values())), **table.score_means(rows)}
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
     return metrics | _run_metrics([row.observation for row in rows])
 
@@ -135,13 +128,10 @@ def _log_report(mlflow: Any, given: Any, run_id: str) -> dict[str, float]:
     if found.candidates:
         metrics["report/best_score"] = found.candidates[found.best].score
         metrics["report/seed_score"] = found.candidates[0].score
-        for name, (seed, best) in found.named_scores.items():
-            if seed is not None:
-                metrics[f"report/seed/scores/{name}"] = seed
-            if best is not None:
-                metrics[f"report/best/scores/{name}"] = best
+        metrics |= _flat("report/seed/scores", found.candidates[0].scores)
+        metrics |= _flat("report/best/scores", found.candidates[found.best].scores)
     if found.receipt is not None:
-        metrics |= found.receipt.metrics()
+        metrics |= _flat("receipt", found.receipt.to_dict())
     return metrics
 
 
@@ -153,17 +143,14 @@ def _log_contract(mlflow: Any, contract: Any, run_id: str) -> dict[str, float]:
     return {"contract/ok": 1.0 if contract.ok else 0.0}
 
 
-def _judge_metrics(usage: Any) -> dict[str, float]:
-    figures = {
-        "judge/requests": usage.requests,
-        "judge/cache_hits": usage.cache_hits,
-        "judge/tokens": usage.total_tokens,
-        "judge/cost_usd": usage.cost_usd,
-        "judge/seconds": usage.seconds,
-        "judge/retries": usage.retries,
-        "judge/failed": usage.failed,
-    }
-    return {name: float(value) for name, value in figures.items() if value is not None}
+def _flat(prefix: str, values: Any) -> dict[str, float]:
+    """Every number in `values` (dicts nested), named prefix/key/...; None, bools and text left out."""
+    if isinstance(values, dict):
+        flat: dict[str, float] = {}
+        for key, inner in values.items():
+            flat |= _flat(f"{prefix}/{key}", inner)
+        return flat
+    return {prefix: float(values)} if isinstance(values, (int, float)) and not isinstance(values, bool) else {}
 
 
 def _cell(value: Any) -> Any:

@@ -1,7 +1,5 @@
-"""The report's plot: each candidate's validation score against the metric calls spent when GEPA found it.
-
-A Figure of its own (no pyplot: no GUI backend, no global state); every label drawn literally (no mathtext).
-"""
+"""The report's plot: candidates' validation scores against metric calls spent; its own Figure (no pyplot), every
+label drawn literally (no mathtext)."""
 
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._core import secrets
+from .._core.safe_text import for_html
 from .._core.types import JudgeUsage, ProgramUsage, Usage
 from .._core.values import usd
 from .._dspy.record import ReflectionUsage, RunRecord
@@ -119,16 +119,7 @@ class CostReceipt:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(name)}</th>"
-            f"<td style='text-align:left'>{html.escape(figures)}</td></tr>"
-            for name, figures in self.lines()
-        )
-        notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.notes)
-        return secrets.redact(
-            f"<div><b>Cost receipt of the run</b> (metric: {html.escape(self.metric)})<table>{rows}</table>"
-            + (f"<ul style='color:#6e7781'>{notes}</ul>" if notes else "") + "</div>"
-        )
+        return f"<pre>{for_html(str(self))}</pre>"
 
     def to_dict(self) -> dict[str, Any]:
         """The receipt in plain values (JSON-ready): program, judge, reflection, total_usd, seconds, notes."""
@@ -143,26 +134,3 @@ class CostReceipt:
             "metric_calls": self.metric_calls, "memo_hits": self.memo_hits, "failures": dict(self.failures),
             "notes": list(self.notes),
         }
-
-    def metrics(self) -> dict[str, float]:
-        """The receipt's known figures as flat numbers (for a tracker): receipt/program/cost_usd, ..."""
-        figures: dict[str, Any] = {
-            "receipt/seconds": self.seconds,
-            "receipt/judge/requests": self.judge.requests,
-            "receipt/judge/cache_hits": self.judge.cache_hits,
-            "receipt/judge/tokens": self.judge.total_tokens,
-            "receipt/judge/cost_usd": self.judge.cost_usd,
-            "receipt/reflection/calls": self.reflection.calls,
-            "receipt/reflection/tokens": self.reflection.total_tokens,
-            "receipt/reflection/cost_usd": self.reflection.cost_usd,
-            "receipt/total_usd": self.total_usd,
-            "receipt/metric_calls": self.metric_calls,
-        }
-        if self.program is not None:
-            figures |= {
-                "receipt/program/runs": self.program.runs,
-                "receipt/program/model_calls": self.program.model_calls,
-                "receipt/program/tokens": self.program.total_tokens,
-                "receipt/program/cost_usd": self.program.cost_usd,
-            }
-        return {name: float(value) for name, value in figures.items() if value is not None}

@@ -1,7 +1,5 @@
-"""skynet_dspy.report(): what a GEPA run found and what it cost, as text, HTML in Jupyter and a PNG plot.
-
-It reads GEPA's results (a compiled program's `detailed_results`, or optimize_anything's GEPAResult) and the
-RunRecord skynet-dspy kept of the run; every text is made safe for each medium (_core/safe_text.py).
+"""skynet_dspy.report(): what a GEPA run (dspy.GEPA's `detailed_results`, or a GEPAResult) found and cost, as
+text, HTML in Jupyter and a PNG plot; every text made safe for its medium (_core/safe_text.py).
 """
 
 from __future__ import annotations
@@ -260,27 +258,23 @@ def _detailed(program: Any) -> Any:
 
 
 def _candidates(results: Any) -> list[Candidate]:
-    scores = list(results.val_aggregate_scores)
-    calls = list(getattr(results, "discovery_eval_counts", None) or [])
-    parents = list(getattr(results, "parents", None) or [])
-    subscores = list(getattr(results, "val_aggregate_subscores", None) or [])
-    found = []
-    for index, candidate in enumerate(results.candidates):
-        spent = _at(calls, index)
-        named = _at(subscores, index) or {}
-        found.append(Candidate(
+    def column(name: str) -> list[Any]:  # GEPA's optional per-candidate figures, None where missing
+        values = list(getattr(results, name, None) or [])
+        return values + [None] * (len(results.candidates) - len(values))
+
+    found = zip(results.candidates, results.val_aggregate_scores, column("discovery_eval_counts"),
+                column("parents"), column("val_aggregate_subscores"), strict=False)
+    return [
+        Candidate(
             index=index,
-            score=float(scores[index]),
+            score=float(score),
             metric_calls=int(spent) if spent is not None else None,
-            parents=tuple(int(parent) for parent in (_at(parents, index) or ()) if parent is not None),
-            scores={str(name): float(value) for name, value in named.items()},
+            parents=tuple(int(parent) for parent in parents or () if parent is not None),
+            scores={str(name): float(value) for name, value in (named or {}).items()},
             texts=_texts(candidate),
-        ))
-    return found
-
-
-def _at(values: list[Any], index: int) -> Any:
-    return values[index] if index < len(values) else None
+        )
+        for index, (candidate, score, spent, parents, named) in enumerate(found)
+    ]
 
 
 def _texts(candidate: Any) -> dict[str, str]:

@@ -1,7 +1,5 @@
-"""`skynet-dspy score`: a thread pool of metric.score calls, the rows written as CSV or JSONL, and a summary.
-
-Each call goes through metric.score, so it gets the isolation load_metric set up; a failed call is a row with
-its failure kind, never a stopped run. Every cell is made safe for where it goes (_core/safe_text.py).
+"""`skynet-dspy score`: a thread pool of metric.score calls (a failed call is a row with its failure kind), the
+rows written as CSV or JSONL, each cell safe for where it goes, and a summary.
 """
 
 from __future__ import annotations
@@ -68,34 +66,27 @@ def score_cases(
             progress(1)
         return index
 
-    def scored(index: int) -> None:
-        result = results[index]
-        if on_scored is not None and result is not None:
-            on_scored(Scored(index + 1, result))
-
     def finished(futures: set[Future[int]]) -> set[Future[int]]:
         done, pending = wait(futures, return_when=FIRST_COMPLETED)
         for future in done:
-            scored(future.result())
+            result = results[future.result()]
+            if on_scored is not None and result is not None:
+                on_scored(Scored(future.result() + 1, result))
         return pending
 
     pending: set[Future[int]] = set()
-    if threads <= 1:  # on this thread, as the calls come
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
+    try:
         for index in range(len(cases)):
-            scored(one(index))
-    else:
-        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
-        try:
-            for index in range(len(cases)):
-                pending.add(pool.submit(one, index))
-                if len(pending) >= threads * 4:
-                    pending = finished(pending)
-            while pending:
+            pending.add(pool.submit(one, index))
+            if len(pending) >= threads * 4:
                 pending = finished(pending)
-        except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        while pending:
+            pending = finished(pending)
+    except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [Scored(number, result) for number, result in enumerate(results, 1) if result is not None]
 
 
@@ -138,10 +129,6 @@ class RowFile:
         self._handle: TextIO | None = sys.stdout if path is None else None
         if path is not None:
             self._rewrite(self.rows)
-
-    @property
-    def count(self) -> int:
-        return len(self.rows)
 
     def add(self, item: Scored) -> None:
         self.rows.append(item)
@@ -189,36 +176,20 @@ class RowFile:
         self._handle = open(self.path, "a", encoding="utf-8", newline="")
 
 
-@dataclass(frozen=True)
-class Summary:
-    """What a scoring run came to: cases, failures by kind, mean score and named-score means, time."""
-
-    cases: int
-    failures: dict[str, int]
-    means: table.ScoreMeans
-    seconds: float
-
-    @property
-    def failed(self) -> int:
-        return sum(self.failures.values())
-
-    def __str__(self) -> str:
-        rate = f" ({self.cases / self.seconds:.0f} cases/s)" if self.seconds > 0 else ""
-        text = f"scored {self.cases} case(s) in {self.seconds:.1f} s{rate}"
-        if self.means.score is not None:
-            text += f": mean score {self.means.score:.4g}"
-        named = [f"{name} {value:.4g}" for name, value in self.means.named.items()]
-        if named:
-            text += f" ({', '.join(named)})"
-        if self.failed:
-            kinds = ", ".join(f"{count} {kind}" for kind, count in self.failures.items())
-            text += f"; {self.failed} of {self.cases} call(s) failed: {kinds}"
-        else:
-            text += "; every call worked"
-        return safe_text.for_terminal(text)
-
-
-def summarize(scored: Sequence[Scored], seconds: float) -> Summary:
-    """The summary of a scoring run that took `seconds`."""
+def summarize(scored: Sequence[Scored], seconds: float) -> str:
+    """The summary of a scoring run that took `seconds`: cases, mean scores, failures by kind."""
     results = [item.result for item in scored]
-    return Summary(len(scored), table.failure_counts(results), table.score_means(results), seconds)
+    means, failures = table.score_means(results), table.failure_counts(results)
+    text = f"scored {len(results)} case(s) in {seconds:.1f} s"
+    text += f" ({len(results) / seconds:.0f} cases/s)" if seconds > 0 else ""
+    if "score" in means:
+        text += f": mean score {means.pop('score'):.4g}"
+    named = [f"{name.removeprefix('scores/')} {value:.4g}" for name, value in means.items()]
+    text += f" ({', '.join(named)})" if named else ""
+    failed = sum(failures.values())
+    if failed:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in failures.items())
+        text += f"; {failed} of {len(results)} call(s) failed: {kinds}"
+    else:
+        text += "; every call worked"
+    return safe_text.for_terminal(text)

@@ -1,7 +1,5 @@
-"""One row per scored example, in plain values (no pandas), and the column layout every results table shares.
-
-A column name already taken gets its group's prefix (input.NAME, scores.NAME), so no column is lost to another.
-"""
+"""One row per scored example in plain values, and the column layout every results table shares (a taken name
+gets its group's prefix: input.NAME, scores.NAME)."""
 
 from __future__ import annotations
 
@@ -161,21 +159,14 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
     return cells
 
 
-@dataclass(frozen=True)
-class ScoreMeans:
-    """The mean score (None for no rows) and each named score's mean over the rows that have it, kept apart."""
-
-    score: float | None
-    named: dict[str, float]
-
-
-def score_means(rows: Sequence[Row | Result]) -> ScoreMeans:
-    """The means of the score and of each named score, failed calls included."""
+def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:
+    """The mean "score" (absent for no rows) and each named score's mean over the rows that have it
+    ("scores/NAME"), failed calls included."""
     named = {
-        name: statistics.fmean(row.scores[name] for row in rows if row.scores and name in row.scores)
+        f"scores/{name}": statistics.fmean(row.scores[name] for row in rows if row.scores and name in row.scores)
         for name in _union((row.scores or {}).keys() for row in rows)
     }
-    return ScoreMeans(statistics.fmean(float(row.score) for row in rows) if rows else None, named)
+    return ({"score": statistics.fmean(float(row.score) for row in rows)} if rows else {}) | named
 
 
 def failure_counts(rows: Sequence[Row | Result]) -> dict[str, int]:

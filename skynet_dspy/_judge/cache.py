@@ -261,17 +261,15 @@ class AnswerCache:
     def _lead_in_process(self, key: str, owner: str, stop: threading.Event) -> str | None:
         """None once this thread leads on `key` in its process; the answer if another thread sent it meanwhile."""
         with self._lock:
-            leader = self._leaders.setdefault(key, owner)
-        if leader == owner:
-            return None
+            if self._leaders.setdefault(key, owner) == owner:
+                return None
         with llm_pool.waiting():
-            while True:  # another thread of this process is sending it
-                if stop.wait(WAIT_STEP):
-                    raise Cancelled
+            while not stop.wait(WAIT_STEP):  # another thread of this process is sending it
                 with self._lock:  # the leader stores its answer before it lets go of the lead
                     text = self.memory.get(key)
                     if text is not None or self._leaders.setdefault(key, owner) == owner:
                         return text
+        raise Cancelled
 
     def release(self, key: str) -> None:
         """Clear the lead on `key` if this thread took it (another process's marker is left to expire)."""

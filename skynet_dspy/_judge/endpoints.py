@@ -100,9 +100,6 @@ class Endpoint:
             kwargs["api_key"] = self._api_key
         return kwargs
 
-    def for_role(self, role: str) -> Endpoint:
-        return Endpoint(self.model, self.settings, role, self._api_key)
-
     def describe(self) -> str:
         """'openai/gpt-4o-mini at http://host/v1', with any credential in the URL masked."""
         where = f" at {self.api_base}" if self.api_base else ""
@@ -122,7 +119,7 @@ def endpoint(spec: Any, role: str) -> Endpoint | None:
     if spec is None:
         return None
     if isinstance(spec, Endpoint):
-        return spec.for_role(role)
+        return Endpoint(spec.model, spec.settings, role, spec._api_key)
     if isinstance(spec, str):
         if not spec.strip():
             raise ValueError(f"{role} is an empty string; give {_FORMS}")

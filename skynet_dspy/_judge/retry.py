@@ -85,10 +85,8 @@ def _asked(exc: BaseException) -> float | None:
         value = headers["retry-after"]
         seconds = _duration(value)
         return seconds if seconds is not None else email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-    return _ratelimit_reset(headers) if status_of(exc) == 429 else None
-
-
-def _ratelimit_reset(headers: dict[str, str]) -> float | None:
+    if status_of(exc) != 429:
+        return None
     resets = {name[18:]: _duration(value) for name, value in headers.items() if name.startswith("x-ratelimit-reset-")}
     known = {what: seconds for what, seconds in resets.items() if seconds is not None}
     exhausted = [seconds for what, seconds in known.items() if headers.get(f"x-ratelimit-remaining-{what}") == "0"]

@@ -1,11 +1,8 @@
 """Where judge answers are kept, so an identical request is paid once: memory, a folder (diskcache), or Redis.
 
-Keys are digests of the request; each entry is JSON text with the answer, an integrity check, and the model and
-settings it was made with, never a credential. Nothing read is decoded as anything but JSON (JsonDisk refuses
-diskcache's pickles unread). A folder is private to the user and held by descriptor once checked, so swapping it
-afterwards changes nothing. A busy or broken store is skipped for the call and a foreign entry is a miss, each with
-one warning: the cache is never why a call fails. Processes sharing a store send an identical request once: the
-first sets a marker naming itself, the others wait for its answer; a dead owner's marker is taken over.
+Entries are JSON text (answer, integrity check, model, settings; never a credential), never decoded as anything
+else. A folder is private to the user and held by descriptor. A busy or broken store is skipped with one warning.
+Processes sharing a store send a request once: the first sets a marker naming itself, the others wait for it.
 """
 
 from __future__ import annotations
@@ -108,18 +105,14 @@ def private_folder(path: Path, option: str = "judge_cache", what: str = "the jud
     if problem is None and info.st_mode & 0o022:
         problem = (f"{option}={str(path)!r}: the folder can be written by other users (mode {info.st_mode & 0o777:o}), "
                    f"who could plant entries in it; make it private (chmod 700 {path}) or use another folder")
-    held = f"/proc/self/fd/{folder}"
-    if problem is not None or not os.path.isdir(held):
+    if problem is not None:
         os.close(folder)
-        if problem is not None:
-            raise ValueError(problem)
-        return str(path)
-    return held
+        raise ValueError(problem)
+    return f"/proc/self/fd/{folder}"  # Linux, as the workers
 
 
 class JsonDisk(diskcache.Disk):  # type: ignore[misc,unused-ignore]
-    """A diskcache Disk that keeps str keys and JSON text in the database only, and never unpickles: a stored key or
-    value in any other mode (a pickle, a file, written by someone else) raises BadEntry unread."""
+    """A diskcache Disk keeping str keys and JSON text in the database only: any other mode raises BadEntry unread."""
 
     def get(self, key: Any, raw: bool) -> Any:
         if not raw:
@@ -137,7 +130,7 @@ class JsonDisk(diskcache.Disk):  # type: ignore[misc,unused-ignore]
         return super().fetch(mode, filename, value, read)
 
     def remove(self, file_path: Any) -> None:
-        """Nothing: this Disk writes no file, and a planted row's file is not its to delete."""
+        """Nothing: this Disk writes no file, and a planted row's is not its to delete."""
 
 
 def json_cache(path: Path, what: str, **settings: Any) -> diskcache.Cache:
@@ -146,7 +139,7 @@ def json_cache(path: Path, what: str, **settings: Any) -> diskcache.Cache:
 
 
 def _started(pid: int) -> str | None:
-    """When process `pid` started (from /proc), or None when it does not run; a reused pid gives another value."""
+    """When process `pid` started (from /proc; a reused pid gives another value), or None when it does not run."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[19].decode()
@@ -171,9 +164,8 @@ def owner_gone(raw: Any) -> bool:
 
 
 class AnswerCache:
-    """Answers in memory; a subclass adds a store processes share (`_raw`, `_write`, and in-flight markers set by
-    `_claim` and cleared by `_unclaim`). An identical request is sent once: the first thread to ask leads, within
-    its process and then, through the store's marker, among processes; the others wait for its answer."""
+    """Answers in memory; a subclass adds a shared store (`_raw`, `_write`; markers `_claim`ed and `_unclaim`ed). The
+    first thread to ask leads in its process, then through the store's marker among processes; the others wait."""
 
     errors: tuple[type[BaseException], ...] = (OSError,)
 
@@ -211,7 +203,7 @@ class AnswerCache:
         return time.monotonic() < self._skip_until
 
     def _failed(self, exc: BaseException) -> None:
-        """Warn once and skip the store for BUSY_BACKOFF: a store that hangs costs one call its timeout, not all."""
+        """Warn once; skip the store for BUSY_BACKOFF (a store that hangs costs one call its timeout, not all)."""
         self._skip_until = time.monotonic() + BUSY_BACKOFF
         self._warn_once("failed", f"{type(exc).__name__}: {exc} (going on without it for this call; later such "
                                   "problems are not logged)")
@@ -244,9 +236,8 @@ class AnswerCache:
             self._failed(exc)
 
     def lead_or_wait(self, key: str, patience: float, stop: threading.Event | None = None) -> str | None:
-        """The answer (cached, or once the thread or process sending it has it); None when this thread is to send the
-        request: it leads until release(). Another process's lead is waited for at most `patience` seconds; every
-        wait ends when `stop` is set (limits.Cancelled)."""
+        """The answer (cached, or once its sender has it), or None: this thread sends it, leading until release().
+        Another process is waited for at most `patience` seconds; `stop` ends every wait (limits.Cancelled)."""
         owner, deadline, stop = owner_marker(), time.monotonic() + patience, stop or threading.Event()
         text = self.get(key)
         if text is not None:
@@ -270,20 +261,18 @@ class AnswerCache:
     def _lead_in_process(self, key: str, owner: str, stop: threading.Event) -> str | None:
         """None once this thread leads on `key` in its process; the answer if another thread sent it meanwhile."""
         with self._lock:
-            leader = self._leaders.setdefault(key, owner)
-        if leader == owner:
-            return None
+            if self._leaders.setdefault(key, owner) == owner:
+                return None
         with llm_pool.waiting():
-            while True:  # another thread of this process is sending it
-                if stop.wait(WAIT_STEP):
-                    raise Cancelled
+            while not stop.wait(WAIT_STEP):  # another thread of this process is sending it
                 with self._lock:  # the leader stores its answer before it lets go of the lead
                     text = self.memory.get(key)
                     if text is not None or self._leaders.setdefault(key, owner) == owner:
                         return text
+        raise Cancelled
 
     def release(self, key: str) -> None:
-        """Clear the lead on `key` if this thread took it (another process's marker is left alone; it also expires)."""
+        """Clear the lead on `key` if this thread took it (another process's marker is left to expire)."""
         with self._lock:
             owner = self._leaders.pop(key, None)
         try:
@@ -305,8 +294,8 @@ class DiskStore(AnswerCache):
         self._cache: Any = None
         self._closed = False
         self._open_error: BaseException | None = None
-        # diskcache waits up to 60 s to open a store another process holds: opened on a thread of its own, a held
-        # store costs load at most OPEN_WAIT, never a call (it is used once it opens)
+        # diskcache waits up to 60 s to open a store another process holds: opened on a thread, that costs load at
+        # most OPEN_WAIT (the store is used once it opens)
         opening = threading.Thread(target=self._open, args=(held, size_limit), daemon=True)
         opening.start()
         opening.join(OPEN_WAIT)
@@ -322,7 +311,7 @@ class DiskStore(AnswerCache):
             cache = diskcache.Cache(held, size_limit=size_limit, timeout=DISK_LOCK_TIMEOUT,
                                     eviction_policy="least-recently-stored", disk=JsonDisk)
             cache.get("skynet-dspy:probe")
-            cache.close()  # this thread's connection; each thread that uses the store opens its own
+            cache.close()  # this thread's connection; each thread opens its own
         except (sqlite3.DatabaseError, OSError, BadEntry) as exc:
             self._open_error = exc
         else:
@@ -336,8 +325,8 @@ class DiskStore(AnswerCache):
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
-        """One writer per process: threads queue here, not inside SQLite, where a writer waiting for the GIL between
-        statements would keep the others past their lock timeout; once the store was busy, the queue goes on."""
+        """One writer per process: threads queue here, not in SQLite (a writer waiting for the GIL between statements
+        would keep the others past their lock timeout); once the store was busy, the queue goes on without it."""
         with self._write_lock:
             if self.skipping():
                 raise TimeoutError("the store was busy a moment ago")
@@ -416,8 +405,7 @@ class RedisStore(AnswerCache):
 
 
 def make_cache(spec: Any, size_limit: int | None = None) -> AnswerCache | None:
-    """The cache `judge_cache=` asks for: True memory, False none, a folder path, or a redis:// URL; `size_limit`
-    (judge_cache_size=) bounds a folder's bytes."""
+    """The cache `judge_cache=` asks for (True, False, a folder, a redis:// URL); judge_cache_size=`size_limit`."""
     redis = isinstance(spec, str) and spec.startswith(("redis://", "rediss://", "unix://"))
     folder = isinstance(spec, (str, os.PathLike)) and not redis
     if size_limit is not None:

@@ -16,8 +16,7 @@ _FORMS = ("a LiteLLM model string ('openai/gpt-4o-mini'), a dict {'model': ..., 
 
 
 def is_credential_setting(name: object) -> bool:
-    """Whether a setting's name suggests a credential (`*key*`, `*token*`, `*secret*`, ...; not max_tokens): never
-    keyed, stored or shown."""
+    """Whether a setting's name suggests a credential (`*key*`, `*token*`, ...; not max_tokens): never kept or shown."""
     return not str(name).lower().endswith("tokens") and secrets.is_credential_name(str(name))
 
 
@@ -42,8 +41,7 @@ _QUERY_NAMES = frozenset({"sig", "signature", "code", "auth"})
 
 
 def register_url_credentials(url: Any) -> None:
-    """Register for redaction the password in a URL's userinfo and the values of its credential-like query
-    parameters (`?key=...`, `&token=...`), each as written and %-decoded."""
+    """Register for redaction a URL's password and credential-like query values, as written and %-decoded."""
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
         found = [parts.password or ""] if parts else []  # as written (urlsplit does not decode it)
@@ -56,7 +54,7 @@ def register_url_credentials(url: Any) -> None:
 
 
 def _register_all(value: Any) -> None:
-    """Register for redaction every text in a credential setting (a str, or the values of a dict or list)."""
+    """Register for redaction every text in a credential setting (a str, a dict's or list's values)."""
     values = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
     for item in values if values is not None else ():
         _register_all(item)
@@ -102,9 +100,6 @@ class Endpoint:
             kwargs["api_key"] = self._api_key
         return kwargs
 
-    def for_role(self, role: str) -> Endpoint:
-        return Endpoint(self.model, self.settings, role, self._api_key)
-
     def describe(self) -> str:
         """'openai/gpt-4o-mini at http://host/v1', with any credential in the URL masked."""
         where = f" at {self.api_base}" if self.api_base else ""
@@ -124,7 +119,7 @@ def endpoint(spec: Any, role: str) -> Endpoint | None:
     if spec is None:
         return None
     if isinstance(spec, Endpoint):
-        return spec.for_role(role)
+        return Endpoint(spec.model, spec.settings, role, spec._api_key)
     if isinstance(spec, str):
         if not spec.strip():
             raise ValueError(f"{role} is an empty string; give {_FORMS}")

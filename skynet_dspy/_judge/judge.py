@@ -203,23 +203,18 @@ class Judge:
                 CAPPED_MAX_TOKENS)
         state = limits.endpoint_state(target.model, target.api_base)
         with self._busy():
-            for attempt in itertools.count(1):
-                try:
-                    return self._attempt(litellm, target, request, state, cancelled, attempt)
-                except (limits.Cancelled, SpendCapReached):
-                    raise
-                except LLMCallError:
-                    with self._lock:
-                        self._failed += 1
-                    raise
-                except Exception as exc:  # noqa: BLE001 - _retry_delay decides: retry, or an LLMCallError
+            try:
+                for attempt in itertools.count(1):
                     try:
-                        delay = self._retry_delay(target, exc, attempt, state)
-                    except LLMCallError:
-                        with self._lock:
-                            self._failed += 1
+                        return self._attempt(litellm, target, request, state, cancelled, attempt)
+                    except (limits.Cancelled, SpendCapReached, LLMCallError):
                         raise
-                _sleep(delay, cancelled)
+                    except Exception as exc:  # noqa: BLE001 - _retry_delay decides: retry, or an LLMCallError
+                        _sleep(self._retry_delay(target, exc, attempt, state), cancelled)
+            except LLMCallError:
+                with self._lock:
+                    self._failed += 1
+                raise
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     @contextlib.contextmanager
@@ -237,8 +232,7 @@ class Judge:
 
     def _attempt(self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
                  cancelled: threading.Event, attempt: int) -> str:
-        """One request: wait for the endpoint (a 429's pause; its breaker) and a turn within the limits, reserve its
-        largest cost under a cap, send it, settle."""
+        """One request: wait out the endpoint's pause (or fail on its breaker) and a turn, reserve, send, settle."""
         while True:
             try:
                 state.before_send(cancelled)
@@ -265,12 +259,12 @@ class Judge:
             text = self._settle(reserved, response, request)
         state.answered()
         if not text.strip():
-            raise retry.EmptyCompletion(f"the model returned an empty completion (finish_reason={_finish(response)})")
+            raise retry.EmptyCompletion("the model returned an empty completion (finish_reason="
+                                        f"{_choice(response, 'finish_reason', 'unknown')})")
         return text
 
     def _reserve(self, request: dict[str, Any], cancelled: threading.Event) -> float:
-        """Under a cap: reserve the request's largest cost (its prompt's tokens and its max_tokens), or
-        SpendCapReached. 0 without a cap."""
+        """Under a cap, reserve the request's largest cost (prompt and max_tokens), or SpendCapReached; else 0."""
         if self.spend_cap is None:
             return 0.0
         completion = request.get("max_tokens") or request.get("max_completion_tokens")
@@ -282,7 +276,7 @@ class Judge:
 
     def _settle(self, reserved: float | None, response: Any, request: dict[str, Any]) -> str:
         """Count a request's usage (a failed one costs nothing), give back its reservation; return the answer text."""
-        text, model = _answer(response), request["model"]
+        text, model = content_text(_choice(response, "message", None)), request["model"]
         prompt, completion, cost = response_usage(response) if response is not None else (0, 0, 0.0)
         if response is not None and prompt == completion == 0:  # no usage in the reply: count, never price it $0
             counted = (_litellm("token_counter", model=model, messages=request["messages"]),
@@ -298,8 +292,7 @@ class Judge:
         return text
 
     def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, state: limits.EndpointState) -> float:
-        """The wait before retrying after `exc`; raises LLMCallError when retrying cannot help or no attempt is left.
-        A refused connection opens the endpoint's breaker at once; a 429 that follows another pauses the endpoint."""
+        """The wait before retrying after `exc`, or LLMCallError when retrying cannot help or no attempt is left."""
         status, where, error = retry.status_of(exc), f"the {target.role} {target.describe()}", _error_text(exc)
         if retry.is_unreachable(exc):
             state.unreachable(error)
@@ -366,18 +359,13 @@ def _error_text(exc: BaseException) -> str:
     return secrets.redact(message)
 
 
-def _answer(response: Any) -> str:
+def _choice(response: Any, field: str, missing: Any) -> Any:
+    """`field` of a response's first choice (message.content for "message"), or `missing`."""
     try:
-        return content_text(response.choices[0].message.content)
+        value = getattr(response.choices[0], field)
+        return value.content if field == "message" else str(value)
     except (AttributeError, IndexError, TypeError):
-        return ""
-
-
-def _finish(response: Any) -> str:
-    try:
-        return str(response.choices[0].finish_reason)
-    except (AttributeError, IndexError, TypeError):
-        return "unknown"
+        return missing
 
 
 _default: Judge | None = None

@@ -1,10 +1,7 @@
 """How fast the judge may send: requests in flight and per minute (per metric), pauses and a breaker (per endpoint).
 
-Hand-written: LiteLLM's Router counts a fixed minute, so a minute's quota goes out at once (tripping providers'
-shorter windows). Every wait here ends when the request's call ends (`cancelled` is set), and gives its place in
-the shared llm() pool back while it lasts (context.LLMPool.waiting), so no metric's limits delay another's calls.
-A lone 429 is retried alone; a 429 that follows another from the same endpoint pauses every request to it that has
-not started. A connection refused (or a name that does not resolve) opens the endpoint's breaker at once.
+Hand-written: LiteLLM's Router counts a fixed minute, so a minute's quota goes out at once. Every wait ends when the
+request's call ends (`cancelled`), and gives its llm() pool thread back meanwhile, so no metric delays another's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""LiteLLM's private API the judge layer reads, in one place below DSPy (the judge must not import DSPy); checked by
-problems(), which skynet_dspy/_dspy/hooks.py runs with its own checks."""
+"""LiteLLM's private API the judge layer reads (below DSPy), checked by problems(), which _dspy/hooks.py runs."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ LITELLM_CHECKED = "1.110.2"
 
 
 def response_cost(response: Any) -> float | None:
-    """The USD cost LiteLLM computed for a response (private: `response._hidden_params["response_cost"]`), or None
-    when it has no price; the public litellm.completion_cost() recomputes it and prints a banner when it cannot."""
+    """The USD cost LiteLLM computed for a response (`_hidden_params["response_cost"]`), or None when unpriced; the
+    public litellm.completion_cost() recomputes it and prints a banner when it cannot."""
     hidden = getattr(response, "_hidden_params", None)
     cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
     try:
@@ -28,8 +27,8 @@ _quiet_count, _quiet_saved = 0, None  # calls in flight, and the user's suppress
 
 @contextlib.contextmanager
 def no_banner(litellm: Any) -> Iterator[None]:
-    """While skynet-dspy's calls are in flight, LiteLLM prints no "Give Feedback / Get Help" banner: it has no
-    per-call switch, so `litellm.suppress_debug_info` is set by the first call in flight and put back by the last."""
+    """No LiteLLM banner while skynet-dspy's calls are in flight: `litellm.suppress_debug_info` (it has no per-call
+    switch) is set by the first call in flight and put back by the last."""
     global _quiet_count, _quiet_saved
     with _quiet_lock:
         if _quiet_count == 0:

@@ -1,8 +1,5 @@
-"""Whether and when to retry a failed judge request: one function per decision.
-
-LiteLLM's own retries (num_retries) retry any openai.APIError, a refused key included, with no wait; the judge turns
-them off and asks these instead.
-"""
+"""Whether and when to retry a failed judge request. LiteLLM's own retries (turned off) retry any openai.APIError, a
+refused key included, with no wait."""
 
 from __future__ import annotations
 
@@ -54,9 +51,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """A connection that could not be made (refused, a name that does not resolve, no route), read from the
-    exception's chain (LiteLLM keeps httpx's ConnectError and the OSError under it). Never retried: it opens the
-    endpoint's circuit breaker at once."""
+    """A connection that could not be made (refused, an unknown name, no route), read from the exception's chain
+    (LiteLLM keeps httpx's ConnectError and the OSError under it)."""
     seen: BaseException | None = exc
     for _ in range(10):  # a bounded walk: a chain may loop
         if isinstance(seen, (ConnectionRefusedError, socket.gaierror)) or (isinstance(seen, OSError) and seen.errno in (
@@ -80,7 +76,7 @@ def _duration(value: str) -> float | None:
 
 def _asked(exc: BaseException) -> float | None:
     """Seconds the server asked to wait: retry-after-ms, Retry-After (seconds or a date), or on a 429 when the
-    exhausted x-ratelimit-reset-* limit resets (the sooner of the resets when none says it is exhausted)."""
+    exhausted x-ratelimit-reset-* limit resets (else the soonest reset)."""
     headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
     headers = {str(name).lower(): str(value) for name, value in (headers or {}).items()}
     if "retry-after-ms" in headers:
@@ -89,10 +85,8 @@ def _asked(exc: BaseException) -> float | None:
         value = headers["retry-after"]
         seconds = _duration(value)
         return seconds if seconds is not None else email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-    return _ratelimit_reset(headers) if status_of(exc) == 429 else None
-
-
-def _ratelimit_reset(headers: dict[str, str]) -> float | None:
+    if status_of(exc) != 429:
+        return None
     resets = {name[18:]: _duration(value) for name, value in headers.items() if name.startswith("x-ratelimit-reset-")}
     known = {what: seconds for what, seconds in resets.items() if seconds is not None}
     exhausted = [seconds for what, seconds in known.items() if headers.get(f"x-ratelimit-remaining-{what}") == "0"]
@@ -100,8 +94,7 @@ def _ratelimit_reset(headers: dict[str, str]) -> float | None:
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """What the server asked to wait (_asked), between 0 and MAX_RETRY_DELAY; None when it asked nothing readable.
-    Never raises: a garbled, huge, negative or far-future value is bounded or ignored."""
+    """What the server asked to wait, bounded to [0, MAX_RETRY_DELAY]; None when unreadable. Never raises."""
     try:
         asked = _asked(exc)
     except Exception:  # noqa: BLE001 - a header of any shape (a date in year 99999999999: OverflowError)

@@ -1,9 +1,7 @@
-"""A spending cap: the measured dollars of one kind of model call (the judge's or the program's) against a limit.
+"""A spending cap: the measured dollars of the judge's or the program's model calls against a limit.
 
-Checked before each model call and charged after it, under one lock: once the spend reaches the limit the next
-call is refused (SpendCapReached), logged once as an error. The judge also reserves each request's largest cost
-before sending it (reserve, then charge), so the spend passes the limit by at most one request's reservation; a
-request whose cost cannot be known is refused rather than counted as free.
+Checked before each call and charged after it; the judge reserves each request's largest cost first, so the spend
+passes the limit by at most one reservation, and refuses a request whose cost cannot be known.
 """
 
 from __future__ import annotations
@@ -67,9 +65,8 @@ class SpendCap:
 
     def reserve(self, estimate_usd: float | None, unpriced: str = "no price known",
                 cancelled: threading.Event | None = None) -> float:
-        """Before a request: reserve its largest cost (given back by charge()), waiting while the requests in flight
-        hold what is left of the limit (until `cancelled` is set: limits.Cancelled); SpendCapReached once the spend
-        reaches the limit, or when its cost cannot be known (`unpriced` says why)."""
+        """Reserve a request's largest cost until charge(), waiting while requests in flight hold the rest (Cancelled
+        once `cancelled` is set); SpendCapReached once the limit is reached or the cost is unknown (`unpriced`)."""
         with self._settled:
             while self._spent < self.limit_usd and estimate_usd is not None:
                 if self._spent + self._reserved < self.limit_usd:
@@ -89,8 +86,7 @@ class SpendCap:
         raise SpendCapReached(self._message(spent))
 
     def charge(self, cost_usd: float | None, unpriced: str | None = None, reserved_usd: float = 0.0) -> None:
-        """After a model call: add its measured cost (None: its price is unknown, `unpriced` says why; warned once),
-        giving back its reservation at the same moment."""
+        """After a call: add its cost (None: unknown, `unpriced` says why, warned once); give back its reservation."""
         with self._settled:
             self._reserved = max(0.0, self._reserved - reserved_usd)
             self._settled.notify_all()
@@ -109,7 +105,6 @@ class SpendCap:
             self._log_reached(spent)
 
     def snapshot(self) -> Spend:
-        """The cap's figures now."""
         with self._lock:
             return Spend(self.option, self.limit_usd, self._spent, self._refused, self._unpriced)
 

@@ -15,7 +15,7 @@ from support import write_metric
 
 import skynet_dspy
 from skynet_dspy.devserver import DevServer, Fault
-from skynet_dspy.errors import LLMCallError
+from skynet_dspy.errors import LLMCallError, WorkerError
 
 KEY = "contention-test-key-13579"
 
@@ -59,21 +59,20 @@ def test_one_metrics_rate_limit_does_not_starve_another_metric(tmp_path):
             skynet_dspy.load_metric(flood, metric_lm=model(server), judge_rpm=1, judge_cache=False, workers=3,
                                     timeout=300) as throttled, \
             skynet_dspy.load_metric(judged, metric_lm=model(server), judge_cache=False, timeout=60) as other:
-        callers = [threading.Thread(target=throttled.score, args=({"asked": str(asked)}, f"flood {n}"))
-                   for n in range(3)]
-        for caller in callers:
-            caller.start()
-        deadline = time.monotonic() + 120
-        while len(list(asked.iterdir())) < 48 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)  # set-up, not a bound: the last of them reach their wait for a turn
-        assert len(list(asked.iterdir())) == 48 and len(server.requests) <= 1  # at least 47 wait their turn
-        result = other.score({"q": 1}, "an answer")
-        assert result.ok and result.feedback == "PASS", result.detail
-        assert any(request.user == "an answer" for request in server.requests)
-        throttled.close()  # its requests waiting for their turn stop
-        for caller in callers:
-            caller.join(60)
+        with ThreadPoolExecutor(3) as callers:  # each call's outcome is collected: none raises unobserved
+            calls = [callers.submit(throttled.score, {"asked": str(asked)}, f"flood {n}") for n in range(3)]
+            deadline = time.monotonic() + 120
+            while len(list(asked.iterdir())) < 48 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # set-up, not a bound: the last of them reach their wait for a turn
+            assert len(list(asked.iterdir())) == 48 and len(server.requests) <= 1  # at least 47 wait their turn
+            result = other.score({"q": 1}, "an answer")
+            assert result.ok and result.feedback == "PASS", result.detail
+            assert any(request.user == "an answer" for request in server.requests)
+            throttled.close()  # its requests waiting for their turn stop, and so do its calls
+            outcomes = [call.exception(timeout=60) for call in calls]  # each ended: scored, or stopped by close()
+        assert all(outcome is None or isinstance(outcome, WorkerError) and "was closed" in str(outcome)
+                   for outcome in outcomes), outcomes
 
 
 def test_a_pause_holds_the_requests_waiting_under_judge_rpm(server):

@@ -17,10 +17,8 @@ MAX_LINES = 600
 LEFT: dict[str, int] = {
     "_core/call.py:type_name": 22,
     "_core/isolation/wire.py:_plain": 22,
-    "_core/isolation/template.py:main": 23,
+    "_core/isolation/template.py:main": 17,
     "_core/isolation/process.py:ProcessExecutor._acquire": 18,
-    "_core/isolation/process.py:ProcessExecutor._run_once": 17,
-    "_core/isolation/process.py:ProcessExecutor._await_in": 17,
 }
 LONG_LEFT: set[str] = set()
 

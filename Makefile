@@ -33,8 +33,10 @@ test: $(DEV)
 	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow"
 
 # The tests marked slow (whole optimizations, notebooks, soaks, Ray clusters): CI runs them after `make test`.
+# Those marked alone (measured time, thread counts) run one at a time after the others.
 test-slow: $(DEV)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m slow
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "slow and not alone"
+	$(BIN)/python -m pytest -q -p no:xdist -m "slow and alone"
 
 lint: $(DEV)
 	$(BIN)/ruff check skynet_dspy tests examples benchmarks mkdocs_hooks.py

@@ -69,7 +69,9 @@ def log_to_mlflow(
         if report is not None:
             metrics |= _log_report(mlflow, report, target)
         if metric is not None:
-            metrics |= _flat("judge", {**asdict(metric.judge_usage), "tokens": metric.judge_usage.total_tokens})
+            judge = asdict(metric.judge_usage)
+            judge["requests"] = judge.pop("calls")  # a JudgeUsage counts requests in the calls field of Usage
+            metrics |= _flat("judge", {**judge, "tokens": metric.judge_usage.total_tokens})
         if contract is not None:
             metrics |= _log_contract(mlflow, contract, target)
         _log_finite(mlflow, metrics, target)

@@ -106,6 +106,7 @@ def _pool_threads() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # counts the process's threads: another test's load changes how many the pools start
 def test_threads_and_open_files_stay_flat_over_10000_requests_from_16_threads(tmp_path):
     path = write_metric(tmp_path, FOUR_ASKS)
     with DevServer(lambda request: "PASS") as server:

@@ -152,6 +152,7 @@ def score(input, output, expected=None):
 '''
 
 
+@pytest.mark.alone  # measured speed under a second CPU-heavy test moves past any noise band: both failed so in CI
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
 def test_gepa_never_takes_measurement_noise_for_an_improvement(tmp_path, fresh_cache, cache):
     """Every proposed instruction leaves the program's answers, calls and tokens as they were: only the

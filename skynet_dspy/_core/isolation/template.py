@@ -13,6 +13,7 @@ import ctypes
 import gc
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,24 +61,37 @@ def supported() -> bool:
 
 
 _T = TypeVar("_T")
-_spawner: tuple[int, ThreadPoolExecutor] | None = None
+_spawner: tuple[int, queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]] | None = None
 _spawner_lock = threading.Lock()
 
 
 def spawn(start: Callable[[], _T]) -> _T:
-    """`start()` (it starts a process) on one thread that lives as long as this process: the kernel's parent-death
-    signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a calling
-    thread (DSPy's) may end any time."""
+    """`start()` (it starts a process) on one daemon thread that lives as long as this process: the kernel's
+    parent-death signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a
+    calling thread (DSPy's) may end any time. A daemon thread, not a ThreadPoolExecutor, whose threads the
+    interpreter waits for at exit: a Ctrl-C'd `skynet-dspy score` must exit at once."""
     global _spawner
     with _spawner_lock:
         if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a fork of this process inherited it
-            _spawner = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="skynet-spawner"))
-        started = _spawner[1].submit(start)
+            _spawner = (os.getpid(), queue.SimpleQueue())
+            threading.Thread(target=_serve_spawns, args=(_spawner[1],), name="skynet-spawner", daemon=True).start()
+        requests = _spawner[1]
+    started: Future[_T] = Future()
+    requests.put((start, started))
     try:
         return started.result()
     except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
         started.add_done_callback(_kill_started)
         raise
+
+
+def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+    while True:
+        start, started = requests.get()
+        try:
+            started.set_result(start())
+        except BaseException as exc:  # noqa: BLE001 - given to the caller, which raises it
+            started.set_exception(exc)
 
 
 def _kill_started(started: Future[Any]) -> None:

@@ -43,9 +43,7 @@ class Anchors:
             if anchor is None or value_ms < anchor - max(anchor * RESET, reset_floor_ms):
                 self._anchors[key] = value_ms
                 return value_ms
-        if value_ms <= anchor + max(anchor * band, floor_ms):  # with an anchor of 0 and no band: as measured
-            return anchor
-        return value_ms
+        return self.current(key, value_ms, band, floor_ms)
 
     def known(self, key: Hashable) -> bool:
         """Whether `key` has an anchor (a time of its kind was seen in this process)."""

@@ -270,6 +270,23 @@ class _LiteLLMImportHook:
 
 # -- GEPA's optimize_anything adapter (checked against gepa 0.1.4) -----------------------------------------
 
+def example_input_keys(example: Any) -> Any:
+    """A dspy.Example's input field names (None: with_inputs() was not called), read without building the Example
+    `inputs()` returns: the metric reads them on every call."""
+    return example._input_keys
+
+
+PREDICTION_STATE = ("_store", "_completions", "_lm_usage")  # what dspy.Prediction.__init__ leaves on a Prediction
+
+
+def init_prediction(prediction: Any, fields: dict[str, Any]) -> None:
+    """Set up a dspy.Prediction subclass instance (a Score) holding `fields`, as Prediction.__init__ would, without
+    its setattr round trips: a Score is built on every metric call, and that __init__ was a third of its cost."""
+    object.__setattr__(prediction, "_store", fields)
+    object.__setattr__(prediction, "_completions", None)
+    object.__setattr__(prediction, "_lm_usage", None)
+
+
 _NOT_CACHED_KEY = "_gepa_transient_failure"
 
 
@@ -347,6 +364,10 @@ def _dspy_changes() -> list[tuple[str, str]]:
         found.append(("wrap_module_calls", "dspy.Module defines its own __init_subclass__"))
     if "caller_modules" not in DEFAULT_CONFIG:
         found.append(("inside_a_module", "the caller_modules setting is gone"))
+    if getattr(dspy.Example(a=1).with_inputs("a"), "_input_keys", None) != {"a"}:
+        found.append(("example_input_keys", "dspy.Example no longer keeps its input keys in _input_keys"))
+    if tuple(vars(dspy.Prediction(a=1))) != PREDICTION_STATE:
+        found.append(("init_prediction", "dspy.Prediction.__init__ sets other attributes"))
     names = {f.name for f in dataclasses.fields(CallResult)}
     found += [("call_result_figures", f"CallResult has no field {name!r}") for name in CALL_RESULT_FIELDS
               if name not in names]

@@ -9,7 +9,8 @@ import weakref
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
-from .._core.lru import LRU
+from cachetools import LRUCache
+
 from .._core.types import Observation
 
 V = TypeVar("V")
@@ -42,7 +43,8 @@ class ById(Generic[V]):
 
 _last: ContextVar[tuple[tuple[Any, ...], Observation] | None] = ContextVar("skynet_last_run", default=None)
 _weak: ById[Observation] = ById()
-_strong: LRU[int, tuple[Any, Observation]] = LRU(1024)  # tuples, strings: the most recent only
+_strong: LRUCache[int, tuple[Any, Observation]] = LRUCache(1024)  # tuples, strings: the most recent only
+_strong_lock = threading.Lock()
 
 
 def file(outputs: Any, observation: Observation) -> None:
@@ -54,7 +56,8 @@ def file(outputs: Any, observation: Observation) -> None:
         try:
             _weak.put(filed, observation)
         except TypeError:
-            _strong.put(id(filed), (filed, observation))
+            with _strong_lock:
+                _strong[id(filed)] = (filed, observation)
     _last.set(((outputs, filed), observation))
 
 
@@ -74,6 +77,7 @@ def observation_for(prediction: Any) -> tuple[Observation | None, str | None]:
         return last[1], None
     found = _weak.get(prediction)
     if found is None:
-        strong = _strong.get(id(prediction))
+        with _strong_lock:
+            strong = _strong.get(id(prediction))
         found = strong[1] if strong is not None and strong[0] is prediction else None
     return (found, None) if found is not None else (None, NOT_FOUND)

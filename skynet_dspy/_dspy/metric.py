@@ -10,17 +10,18 @@ failure feedback) → back as a Score, which DSPy reads as a number and GEPA as 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any, NamedTuple, Unpack
 
 import dspy
+from cachetools import LRUCache
 
 from .._core import aio, secrets
 from .._core.call import CallRequest
 from .._core.logs import logger
-from .._core.lru import LRU
 from .._core.options import Isolation, JudgeCache, MetricOptions, ModelSpec, check_names, names
 from .._core.scorer import Scorer
 from .._core.specs import MetricSource
@@ -40,8 +41,10 @@ _NOT_MEASURED = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _MemoEntry:
+_RETRIED = (Failure.OVERLOADED, Failure.LOAD, Failure.JUDGE_UNREACHABLE)  # not memoized: worth a retry
+
+
+class _MemoEntry(NamedTuple):
     """One scored (example, prediction), held (so their ids are not reused) with snapshots of their fields."""
 
     gold: Any
@@ -61,6 +64,7 @@ class _MemoEntry:
 
 
 def _snapshot(record: Any) -> Any:
+    """The fields of an Example/Prediction or mapping (what translate.py reads them from), else a shallow copy."""
     if isinstance(record, (dspy.Example, Mapping)):
         return translate.fields_of(record)
     return copy.copy(record)
@@ -171,7 +175,9 @@ class Metric:
             self.measuring = True  # the cap governs the runs of this metric's optimizations only (capping())
         if self.measuring:
             measurement.install()
-        self._memo: LRU[tuple[int, int], _MemoEntry] = LRU(memo_size)
+        self._memo: LRUCache[tuple[int, int], _MemoEntry] = LRUCache(max(1, memo_size))
+        self._memo_size = memo_size
+        self._memo_lock = threading.Lock()
         self._warned_uncapped = False
         self._warned_unmeasured = False
         self.reflection_from_gepa = False  # llm()'s reflection model was set by skynet_dspy.gepa(), not given here
@@ -195,30 +201,34 @@ class Metric:
         feedback) gets the first result back without calling `score` again.
         """
         key = (id(gold), id(pred))
-        entry = self._memo.get(key)
+        with self._memo_lock:
+            entry = self._memo.get(key)
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
         else:
-            result, output = self._score_dspy(gold, pred)
-            entry = _MemoEntry(gold, pred, _snapshot(gold), _snapshot(pred), result, output)
-            if result.failure not in (Failure.OVERLOADED, Failure.LOAD, Failure.JUDGE_UNREACHABLE):  # worth a retry
-                self._memo.put(key, entry)
+            gold_fields, pred_fields = _snapshot(gold), _snapshot(pred)
+            result, output = self._score_dspy(gold, pred, gold_fields, pred_fields)
+            entry = _MemoEntry(gold, pred, gold_fields, pred_fields, result, output)
+            if self._memo_size and result.failure not in _RETRIED:
+                with self._memo_lock:
+                    self._memo[key] = entry
         return Score(entry.result.copy())._with(entry.output, self.success_threshold)
 
-    def _score_dspy(self, gold: Any, pred: Any) -> tuple[Result, Any]:
-        """(the Result, the output the metric was given: _NO_OUTPUT when the prediction could not be read)."""
+    def _score_dspy(self, gold: Any, pred: Any, gold_fields: Any, pred_fields: Any) -> tuple[Result, Any]:
+        """(the Result, the output the metric was given: _NO_OUTPUT when the prediction could not be read); the
+        fields are the memo's snapshots, read instead of the records' fields again."""
 
         def failed(failure: Failure, detail: str, feedback: str, exc: Exception | None = None) -> tuple[Result, Any]:
             outcome = Outcome(failure=failure, error_type=type(exc).__name__ if exc else None, detail=detail)
             return self.scorer.failed(outcome, feedback=feedback), _NO_OUTPUT
 
         try:
-            input_values, expected = translate.split_example(gold)
+            input_values, expected = translate.split_example(gold, gold_fields)
         except Exception as exc:
             return failed(Failure.EXCEPTION, f"could not read the example: {exception_text(exc)}",
                           "Not scored: the example could not be read.", exc)
         try:
-            output = translate.prediction_output(pred, self.output_fields, self.to_output)
+            output = translate.prediction_output(pred, self.output_fields, self.to_output, pred_fields)
         except translate.MissingOutputField as exc:
             return failed(Failure.MISSING_FIELD, str(exc), "Not scored: the program's output lacks the field(s) "
                           f"{', '.join(exc.missing)} (fields present: {', '.join(exc.present) or 'none'}).")

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cachetools import LRUCache
+
 from .._core.logs import logger
-from .._core.lru import LRU
 from .._judge.cache import BadEntry, json_cache
 
 MEMORY_ENTRIES = 65_536  # about 200 bytes each: ~13 MB at most
@@ -46,13 +47,14 @@ class Replay:
     """CallFigures by cache key: in memory (bounded), and on disk beside DSPy's cache when a folder is given."""
 
     def __init__(self, size: int = MEMORY_ENTRIES):
-        self._memory: LRU[str, CallFigures] = LRU(size)
+        self._memory: LRUCache[str, CallFigures] = LRUCache(size)
         self._lock = threading.Lock()
         self._disks: dict[str, Any] = {}  # folder -> diskcache.Cache, or None when it could not be opened
         self._warned = False
 
     def remember(self, key: str, figures: CallFigures, folder: str | None = None) -> None:
-        self._memory.put(key, figures)
+        with self._lock:
+            self._memory[key] = figures
         disk = self._disk(folder)
         if disk is not None:
             try:
@@ -61,7 +63,8 @@ class Replay:
                 logging.getLogger("skynet_dspy").debug("skynet-dspy: call figures not stored on disk: %s", exc)
 
     def recall(self, key: str, folder: str | None = None) -> CallFigures | None:
-        found = self._memory.get(key)
+        with self._lock:
+            found = self._memory.get(key)
         if found is not None:
             return found
         disk = self._disk(folder)
@@ -79,7 +82,8 @@ class Replay:
         except Exception:  # unreadable, or written by another version: not known
             return None
         if figures is not None:
-            self._memory.put(key, figures)
+            with self._lock:
+                self._memory[key] = figures
         return figures
 
     def _disk(self, folder: str | None) -> Any:
@@ -92,7 +96,8 @@ class Replay:
 
     def forget(self) -> None:
         """Forget what memory holds (the disk store stays); for tests and long sessions."""
-        self._memory = LRU(self._memory.size)
+        with self._lock:
+            self._memory.clear()
 
 
 def _open(folder: str) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import dspy
 
 from .._core.types import Result
+from . import hooks
 
 
 class Score(dspy.Prediction, float):
@@ -36,7 +37,7 @@ class Score(dspy.Prediction, float):
         return float.__new__(cls, _as_result(result, base, fields).score)
 
     def __setattr__(self, key: str, value: Any) -> None:
-        # a Score is built on every metric call: its own "_" attributes skip dspy.Example's field lookup
+        # its own "_" attributes skip dspy.Example's field lookup
         if key[:1] == "_":
             object.__setattr__(self, key, value)
         else:
@@ -47,7 +48,7 @@ class Score(dspy.Prediction, float):
         shown: dict[str, Any] = {"score": result.score, "feedback": result.feedback}
         if result.scores:
             shown["objective_scores"] = dict(result.scores)
-        super().__init__(**shown)
+        hooks.init_prediction(self, shown)
         self._result = result
 
     @property

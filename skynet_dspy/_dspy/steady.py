@@ -14,7 +14,7 @@ import math
 import threading
 from collections.abc import Hashable
 
-from .._core.lru import LRU
+from cachetools import LRUCache
 
 CALL_BAND = 0.5  # a model call up to 50% slower than its kind's anchor is the anchor plus noise
 CALL_FLOOR_MS = 10.0  # ... or up to 10 ms slower, whichever is larger (a first connection, a busy moment)
@@ -30,7 +30,7 @@ class Anchors:
     """Anchors by kind, bounded."""
 
     def __init__(self, size: int = 4096):
-        self._anchors: LRU[Hashable, float] = LRU(size)
+        self._anchors: LRUCache[Hashable, float] = LRUCache(size)
         self._lock = threading.Lock()
 
     def steady(self, key: Hashable, value_ms: float, band: float = math.inf, floor_ms: float = 0.0,
@@ -41,17 +41,19 @@ class Anchors:
         with self._lock:
             anchor = self._anchors.get(key)
             if anchor is None or value_ms < anchor - max(anchor * RESET, reset_floor_ms):
-                self._anchors.put(key, value_ms)
+                self._anchors[key] = value_ms
                 return value_ms
         return self.current(key, value_ms, band, floor_ms)
 
     def known(self, key: Hashable) -> bool:
         """Whether `key` has an anchor (a time of its kind was seen in this process)."""
-        return self._anchors.get(key) is not None
+        with self._lock:
+            return key in self._anchors
 
     def at_most(self, key: Hashable, value_ms: float) -> float:
         """`value_ms`, or the anchor of `key` when that is lower."""
-        anchor = self._anchors.get(key)
+        with self._lock:
+            anchor = self._anchors.get(key)
         return value_ms if anchor is None else min(value_ms, anchor)
 
     def current(
@@ -59,7 +61,8 @@ class Anchors:
     ) -> float:
         """`value_ms` against the anchor of `key` as it stands: the anchor when within the band above it (or
         `floor_ms`), else `value_ms` itself. Moves nothing."""
-        anchor = self._anchors.get(key)
+        with self._lock:
+            anchor = self._anchors.get(key)
         if anchor is None or value_ms > anchor + max(anchor * band, floor_ms):
             return value_ms
         return anchor

@@ -4,7 +4,8 @@ The rules: docs/contract.md#what-the-metric-sees.
 
 Everything handed to a metric is detached: plain dicts, lists and copies, so nothing the metric
 does to its arguments reaches the dataset or the prediction, and no dspy.Example or
-dspy.Prediction ever reaches it. Only DSPy's public Example API is used (inputs(), items()).
+dspy.Prediction ever reaches it. DSPy's public Example API is used (items(), inputs() but for a plain Example,
+whose input keys hooks.py reads).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from dspy.primitives.example import Example
 
 from .._core.values import closest
+from . import hooks
 
 # Fields DSPy modules add to a prediction that are not the program's answer.
 BOOKKEEPING_FIELDS = frozenset({"reasoning", "trajectory"})
@@ -58,17 +60,29 @@ def detach(value: Any) -> Any:
         return value  # an object that cannot be copied is handed over as it is
 
 
-def split_example(example: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(`input`, `expected`) of a dspy.Example: its input fields, and its label fields or None."""
-    try:
-        inputs = example.inputs()
-    except ValueError:
+def split_example(
+    example: Any, fields: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(`input`, `expected`) of a dspy.Example: its input fields, and its label fields or None (`fields`: its fields
+    as fields_of() gave them, when the caller has them already)."""
+    # a plain Example's fields are read directly: inputs() builds a new Example on every metric call
+    keys = hooks.example_input_keys(example) if type(example) is Example else _input_keys(example)
+    if keys is None:
         raise ValueError(
             "the dspy.Example has no input fields marked; call example.with_inputs('field', ...) on the dataset"
-        ) from None
-    input_values = {key: detach(value) for key, value in inputs.items()}
-    labels = {key: detach(value) for key, value in example.items() if key not in input_values}
+        )
+    input_values: dict[str, Any] = {}
+    labels: dict[str, Any] = {}
+    for key, value in (fields if fields is not None else fields_of(example)).items():
+        (input_values if key in keys else labels)[key] = detach(value)
     return input_values, (labels or None)
+
+
+def _input_keys(example: Any) -> Any:
+    try:
+        return example.inputs().keys()
+    except ValueError:
+        return None
 
 
 def fields_of(record: Any) -> dict[str, Any]:
@@ -92,14 +106,17 @@ def prediction_output(
     prediction: Any,
     columns: Sequence[str] | None = None,
     to_output: Callable[[Any], Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> Any:
     """`output`: what the metric sees for what the program returned (docs/contract.md#what-the-metric-sees): a
-    Prediction's (Example's, mapping's) output columns, anything else (a str, a Pydantic object) as it is."""
+    Prediction's (Example's, mapping's) output columns, anything else (a str, a Pydantic object) as it is
+    (`fields`: the record's fields as fields_of() gave them, when the caller has them already)."""
     if to_output is not None:
         return detach(to_output(prediction))
     if not is_record(prediction):
         return detach(prediction)
-    fields = fields_of(prediction)
+    if fields is None:
+        fields = fields_of(prediction)
     if columns is None:
         fields = {key: value for key, value in fields.items() if key not in BOOKKEEPING_FIELDS}
         return {} if not fields else detach(_collapsed(fields))

@@ -1,10 +1,5 @@
-"""Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input).
-
-The evaluator runs the user's `run(candidate, input)`, hands its return value to the metric as
-`output`, and gives GEPA `(score, side_info)` where side_info holds only what the reflection model may see
-(docs/contract.md#what-the-optimizer-sees): the example's input fields, what run() returned, the feedback text
-and the named "scores" (GEPA's objective frontier), as DSPy GEPA's reflective dataset does; never expected values.
-"""
+"""Plain GEPA (`gepa.optimize_anything`) driven by the same metric.py: any text artifact, run(artifact, input),
+scored through evaluator.py (what the reflection model sees: docs/contract.md#what-the-optimizer-sees)."""
 
 from __future__ import annotations
 

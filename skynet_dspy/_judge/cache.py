@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import diskcache
+from cachetools import LRUCache
 
 from .._core import secrets
 from .._core.context import llm_pool
 from .._core.logs import logger
-from .._core.lru import LRU
 from .._core.values import whole_number
 from ..errors import MissingExtra
 from .endpoints import is_credential_setting, public_settings
@@ -171,7 +171,7 @@ class AnswerCache:
 
     def __init__(self, where: str = "memory"):
         self.where = where
-        self.memory: LRU[str, str] = LRU(MEMORY_CACHE_SIZE)
+        self.memory: LRUCache[str, str] = LRUCache(MEMORY_CACHE_SIZE)
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._skip_until = 0.0  # monotonic time until which the store is skipped (it was busy or broken)
@@ -216,11 +216,13 @@ class AnswerCache:
                                      "answer (later such entries are not logged). Only skynet-dspy should write here.")
             return None
         if text is not None:
-            self.memory.put(key, text)
+            with self._lock:
+                self.memory[key] = text
         return text
 
     def get(self, key: str) -> str | None:
-        text = self.memory.get(key)
+        with self._lock:
+            text = self.memory.get(key)
         try:
             return text if text is not None or self.skipping() else self._read(key)
         except self.errors as exc:
@@ -228,7 +230,8 @@ class AnswerCache:
             return None
 
     def put(self, key: str, text: str, request: dict[str, Any]) -> None:
-        self.memory.put(key, text)
+        with self._lock:
+            self.memory[key] = text
         try:
             if not self.skipping():
                 self._write(key, stored_entry(text, request, key))

@@ -29,7 +29,7 @@ from . import hooks
 from .ledger import file as _file
 from .ledger import observation_for
 from .replay import CallFigures, replay
-from .steady import OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS, WAIT_FLOOR_MS, anchors
+from .steady import OWN, WAIT, anchors
 
 __all__ = ["cap_in_scope", "install", "installed", "measure", "measured_program", "observation_for", "program_caps"]
 
@@ -107,7 +107,7 @@ class _Run:
 
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
         kind = _kind(model, figures)
-        anchors.steady(kind, figures.latency_ms)  # moves the kind's anchor down when due
+        anchors.steady(kind, figures.latency_ms)  # moves the kind's anchor when due
         with self.lock:
             self.kinds.append((kind, figures.latency_ms))
             self.spans.append(span)
@@ -128,7 +128,7 @@ class _Run:
             waited = _covered(self.spans, self.started, ended)  # wall time spent inside model calls
             actual = sum(end - start for start, end in self.spans)
             own_ms = _own_work(self, ended, waited)
-            # each call counts its kind's anchor unless clearly slower (steady.CALL_BAND); concurrent calls
+            # each call counts its kind's anchor unless clearly slower (steady.CALL); concurrent calls
             # (dspy.Parallel) overlap, so their latencies count in the share their wall time had
             latency_ms = sum(anchors.current(kind, made) for kind, made in self.kinds)
             model_ms = latency_ms * (waited / actual) if actual > 0 else 0.0
@@ -152,10 +152,10 @@ def _own_work(run: _Run, ended: float, waited: float) -> float:
     the GIL), each against its own anchor; only the wall time when the run finished on another thread."""
     wall = max(0.0, (ended - run.started) - waited - run.overhead) * 1000.0
     if threading.get_ident() != run.thread:
-        return anchors.steady(("program", run.program), wall, OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS)
+        return anchors.steady(("program", run.program), wall, OWN)
     cpu = min(wall, max(0.0, time.thread_time() - run.cpu_started - run.cpu_in_calls) * 1000.0)
-    return (anchors.steady(("program cpu", run.program), cpu, OWN_BAND, OWN_FLOOR_MS, OWN_RESET_FLOOR_MS)
-            + anchors.steady(("program wait", run.program), wall - cpu, OWN_BAND, WAIT_FLOOR_MS, OWN_RESET_FLOOR_MS))
+    return (anchors.steady(("program cpu", run.program), cpu, OWN)
+            + anchors.steady(("program wait", run.program), wall - cpu, WAIT))
 
 
 def _kind(model: Any, figures: CallFigures) -> tuple[str, str, int]:

@@ -274,5 +274,4 @@ def _run_workers(
     sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
     if sandbox is not None:
         sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
-        sandbox.check()
     return RunWorkers(run_fn, timeout, path=path, launcher=sandbox)

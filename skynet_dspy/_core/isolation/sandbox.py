@@ -1,7 +1,7 @@
 """sandbox=True: the metric's template and workers run inside bubblewrap (`bwrap`), in Linux namespaces of their own:
 its own PID namespace, no network unless asked, a read-only view of what Python needs (never a home folder), a
 private /tmp, a read-only /proc/sys, no capabilities (even as root), seccomp.py's calls refused. No bwrap or no
-namespaces is a clear error (`Sandbox.check()`), never an unsandboxed run.
+namespaces is a clear error when the first worker starts (`Sandbox.start_error`), never an unsandboxed run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import shutil
 import site
 import subprocess
 import sys
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,6 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import WorkerError
-from ..secrets import credential_free_environment
 from . import seccomp
 
 INSTALL_HINT = (
@@ -34,7 +32,6 @@ USERNS_HINT = (
     "AppArmor profile allowing bwrap 'userns'); in a Docker container, run it with --security-opt "
     "seccomp=unconfined --security-opt apparmor=unconfined (or --privileged)"
 )
-_CHECK_TIMEOUT = 60.0  # seconds one trial sandbox may take to start on a loaded machine
 # The parts of /etc a Python program needs (libraries, time zone, names of users, certificates): not all of
 # /etc, which holds secrets a root user could read (/etc/shadow, ssh host keys).
 _ETC = (
@@ -49,9 +46,6 @@ _LIMIT_CODE = (
     "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
-
-_checked: set[tuple[str, ...]] = set()  # command lines that started a trial sandbox in this process
-_check_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -115,41 +109,18 @@ class Sandbox:
         filters = ["--seccomp", str(rules)] if rules is not None else []
         return [bwrap, *args, *filters, "--chdir", inside_cwd, "--", *command], env, "/"
 
-    def check(self) -> None:
-        """Start one sandbox with this configuration, once per process: a WorkerError saying what to install
-        or enable when it cannot start (no bwrap, no user namespaces, not Linux)."""
-        if not sys.platform.startswith("linux"):
-            raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")
-        if not seccomp.supported():
-            raise WorkerError(f"sandbox=True runs on x86-64 and arm64 (seccomp.py); this is {platform.machine()}")
-        bwrap = self.bwrap or find_bwrap()
-        trial = Sandbox(self.network, self.read_only, self.max_memory, bwrap)
-        command, plain = [sys.executable, "-I", "-c", "pass"], credential_free_environment()
-        key = tuple(trial.wrap(command, plain, os.getcwd())[0])
-        with _check_lock:
-            if key in _checked:
-                return
-            try:
-                with seccomp.program() as rules:
-                    argv, env, cwd = trial.wrap(command, plain, os.getcwd(), rules)
-                    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                                          text=True, errors="replace", timeout=_CHECK_TIMEOUT, pass_fds=(rules,))
-            except subprocess.TimeoutExpired:
-                raise WorkerError(f"a trial sandbox (bwrap) did not start within {_CHECK_TIMEOUT:g} s") from None
-            except OSError as exc:
-                raise WorkerError(f"could not start bubblewrap ({bwrap}): {exc}; {INSTALL_HINT}") from None
-            if done.returncode != 0:
-                said = done.stderr.strip()[-600:] or f"exit code {done.returncode}"
-                namespaces = any(word in said.lower() for word in ("namespace", "uid map", "permission", "userns"))
-                hint = USERNS_HINT if namespaces else "see bwrap's message above"
-                raise WorkerError(f"sandbox=True: bubblewrap could not start a sandbox here ({said}); {hint}")
-            _checked.add(key)
+    def start_error(self, printed: str | None) -> WorkerError:
+        """The error for a template that did not start in the sandbox: bwrap's own message, and what to enable."""
+        said = (printed or "").strip()[-600:] or "no message"
+        namespaces = any(word in said.lower() for word in ("namespace", "uid map", "permission", "userns"))
+        hint = USERNS_HINT if namespaces else "see bwrap's message above"
+        return WorkerError(f"sandbox=True: bubblewrap could not start a sandbox here ({said}); {hint}")
 
 
 def sandbox_for(
     source: Any, sandbox: bool, network: bool, isolation: str = "process", max_memory: int | None = None,
 ) -> Sandbox | None:
-    """The Sandbox for load_metric's options (checked: one trial sandbox starts), or None for sandbox=False."""
+    """The Sandbox for load_metric's options, or None for sandbox=False."""
     if sandbox not in (True, False) or network not in (True, False):
         raise TypeError(f"sandbox= and sandbox_network= are True or False, got {sandbox!r} and {network!r}")
     if not sandbox:
@@ -167,9 +138,11 @@ def sandbox_for(
             "sandbox=True runs the metric in sandboxed worker processes; it cannot be combined with "
             f"isolation={isolation!r} (score would run in this process). Drop isolation= or sandbox="
         )
-    found = Sandbox(network=network, read_only=folders_of(source), max_memory=max_memory, bwrap=find_bwrap())
-    found.check()
-    return found
+    if not sys.platform.startswith("linux"):
+        raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")
+    if not seccomp.supported():
+        raise WorkerError(f"sandbox=True runs on x86-64 and arm64 (seccomp.py); this is {platform.machine()}")
+    return Sandbox(network=network, read_only=folders_of(source), max_memory=max_memory, bwrap=find_bwrap())
 
 
 def find_bwrap() -> str:

@@ -158,8 +158,11 @@ class Template:
             ready = None
         if not ready:
             self.kill()
+            printed = self.printed()
             self._close()
-            raise WorkerError(f"the metric's template process did not start ({sys.executable}): {self.printed()}")
+            if launcher is not None:
+                raise launcher.start_error(printed)
+            raise WorkerError(f"the metric's template process did not start ({sys.executable}): {printed}")
 
     def request(self, message: dict[str, Any], seconds: float, fds: list[int] | None = None) -> dict[str, Any] | None:
         """The template's answer to `message` (with `fds` passed along), None after `seconds` (the template is

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import threading
 import time
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -143,10 +144,8 @@ class WorkerProcess:
         return True
 
     def _reply(self, reply: dict[str, Any]) -> None:
-        try:
+        with suppress(OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting
             self.send(wire.to_worker(reply))
-        except (OSError, ValueError):  # the worker is gone (timed out, killed): nobody is waiting
-            pass
 
     def wait(self, deadline: float) -> Any:
         """The worker's next message, or None at the deadline; Gone when the process is gone. Framed here as bytes
@@ -219,10 +218,8 @@ class WorkerProcess:
             template = self.template
             if self.serving:
                 if self._closed_by_worker or self._exited(0):
-                    try:  # it ended itself: a sandbox's bwrap exits with its status in a moment
+                    with suppress(subprocess.TimeoutExpired):  # it ended itself: bwrap exits in a moment
                         template.proc.wait(_STOP_GRACE)
-                    except subprocess.TimeoutExpired:
-                        pass
                 tree.kill_descendants(template.pid, self.token)
                 if template.alive:
                     self._signal()
@@ -241,10 +238,8 @@ class WorkerProcess:
 
     def _signal(self) -> None:
         for kill in (os.killpg, os.kill):  # its process group: what it forked
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 kill(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not within a second."""
@@ -264,10 +259,8 @@ class WorkerProcess:
 
     def _close(self) -> None:
         with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
-            try:
+            with suppress(OSError):
                 self.conn.close()
-            except OSError:
-                pass
             # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
             fds, self.output.fd, self._pidfd, self._stat = (self.output.fd, self._pidfd, self._stat), -1, -1, -1
         for fd in fds:

@@ -176,17 +176,21 @@ class ProcessExecutor:
                         raise MetricLoadError(
                             f"a new worker process could not load the metric: {self._start_error}"
                         )
-                    # one start in flight per waiting call at most: the pool grows to the concurrency used
-                    limit = min(self._waiting, _MAX_FRESH_STARTS if self.start_mode == "fresh" else self.max_workers)
-                    if (len(self._workers) + self._starting < self.max_workers and self._starting < limit
-                            and (empty or now - self._start_failed_at > _GROWTH_PAUSE)):
-                        self._starting += 1
-                        threading.Thread(target=self._grow, name="skynet-worker-start", daemon=True).start()
+                    self._start_one_if_due(now, empty)
                     if now >= deadline and len(self._workers) < self.max_workers:  # a full pool: wait for a worker
                         raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
                     self._cond.wait(min(deadline - now, _GROWTH_PAUSE) if deadline > now else _GROWTH_PAUSE)
             finally:
                 self._waiting -= 1
+
+    def _start_one_if_due(self, now: float, empty: bool) -> None:
+        """Start a worker in the background unless the pool is full, as many are starting as calls wait (it grows
+        to the concurrency used), or one failed to start in the last _GROWTH_PAUSE (unless it has none)."""
+        limit = min(self._waiting, _MAX_FRESH_STARTS if self.start_mode == "fresh" else self.max_workers)
+        if (len(self._workers) + self._starting < self.max_workers and self._starting < limit
+                and (empty or now - self._start_failed_at > _GROWTH_PAUSE)):
+            self._starting += 1
+            threading.Thread(target=self._grow, name="skynet-worker-start", daemon=True).start()
 
     def _release(self, worker: WorkerProcess) -> None:
         with self._cond:

@@ -14,6 +14,7 @@ import site
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -201,10 +202,8 @@ def _mountable(path: str, homes: set[str]) -> bool:
 def _homes() -> set[str]:
     """The user's home folders as named ($HOME, the password database's) and as resolved (through links)."""
     named = {os.path.expanduser("~"), os.environ.get("HOME", "")}
-    try:
+    with suppress(KeyError):
         named.add(pwd.getpwuid(os.geteuid()).pw_dir)
-    except KeyError:
-        pass
     return {path for home in named if home for path in (os.path.abspath(home), os.path.realpath(home))}
 
 

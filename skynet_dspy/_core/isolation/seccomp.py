@@ -41,21 +41,14 @@ def rules() -> bytes:
     refused, and so are the calls above; everything else is allowed."""
     arch, socket_call, denied = _CALLS[platform.machine()]
     numbers = sorted(set(denied.values()))
-    program: list[tuple[int, int, int, int]] = []
     # offsets in struct seccomp_data: nr at 0, arch at 4, the first argument's low half at 16
-    program.append((_LOAD, 0, 0, 4))
-    program.append((_EQUAL, 1, 0, arch))
-    program.append((_RETURN, 0, 0, _DENY))
-    program.append((_LOAD, 0, 0, 0))
+    program = [(_LOAD, 0, 0, 4), (_EQUAL, 1, 0, arch), (_RETURN, 0, 0, _DENY), (_LOAD, 0, 0, 0)]
     if arch == 0xC000003E:
         program.append((_AT_LEAST, len(numbers) + 4, 0, _X32))  # to the last entry: deny
-    program.append((_EQUAL, 0, 2, socket_call))
-    program.append((_LOAD, 0, 0, 16))
-    program.append((_EQUAL, len(numbers) + 1, len(numbers), socket.AF_UNIX))  # deny, else allow
-    for left, number in zip(range(len(numbers), 0, -1), numbers, strict=True):
-        program.append((_EQUAL, left, 0, number))  # to deny
-    program.append((_RETURN, 0, 0, _ALLOW))
-    program.append((_RETURN, 0, 0, _DENY))
+    program += [(_EQUAL, 0, 2, socket_call), (_LOAD, 0, 0, 16),
+                (_EQUAL, len(numbers) + 1, len(numbers), socket.AF_UNIX)]  # deny, else allow
+    program += [(_EQUAL, left, 0, number) for left, number in zip(range(len(numbers), 0, -1), numbers, strict=True)]
+    program += [(_RETURN, 0, 0, _ALLOW), (_RETURN, 0, 0, _DENY)]  # the calls above jump to the last: deny
     return b"".join(struct.pack("=HBBI", *entry) for entry in program)
 
 

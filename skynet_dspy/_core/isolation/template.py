@@ -23,6 +23,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -250,10 +252,8 @@ class Template:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        try:
+        with suppress(OSError):
             self.proc.kill()
-        except OSError:
-            pass
         self.proc.wait()
 
     def close(self) -> None:
@@ -298,22 +298,17 @@ def main() -> None:
             _exit(0)
         kind = message.get("kind")
         fds = socket.recv_fds(control, 1, 2)[1] if kind in ("fork", "serve") else []
+        can_start = len(fds) == 2 and loaded is not None  # a worker's socket and output, and a metric to serve
         if kind == "load":
             feedback_limit = message["feedback_limit"]
             loaded, reply = worker.load_reply(message)
             reply["unsafe"] = _other_threads() + _shared_descriptors(set(ours))
             gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
-        elif kind == "serve" and len(fds) == 2 and loaded is not None:  # unsafe to fork: become the worker
+        elif kind == "serve" and can_start:  # unsafe to fork: become the worker
             conn.send_bytes(wire.to_parent({"kind": "forked", "pid": _getpid()}))
             _serve(fds, message["token"], loaded, feedback_limit, ours)
-        elif kind == "fork" and len(fds) == 2 and loaded is not None:
-            try:
-                pid = _fork(fds, message["token"], loaded, feedback_limit, libc, ours)
-            except OSError as exc:  # EAGAIN, ENOMEM: this start fails, the pool goes on
-                reply = {"kind": "error", "message": str(exc)}
-            else:
-                workers.add(pid)
-                reply = {"kind": "forked", "pid": pid}
+        elif kind == "fork" and can_start:
+            reply = _forked(partial(_fork, fds, message["token"], loaded, feedback_limit, libc, ours), workers)
         elif kind == "reap" and message.get("pid") in workers:
             workers.discard(message["pid"])
             reply = {"kind": "reaped", "status": _reap(message["pid"])}
@@ -366,14 +361,23 @@ def _run_child_hooks() -> None:
 
     def run() -> None:
         for hook in reversed(_child_hooks):
-            try:
+            with suppress(BaseException):  # as Python's own fork does, a failing hook is passed over
                 hook()
-            except BaseException:  # noqa: BLE001, S110 - as Python's own fork does, a failing hook is passed over
-                pass
 
     thread = threading.Thread(target=run, name="skynet-fork-hooks", daemon=True)
     thread.start()
     thread.join(_HOOK_TIMEOUT)
+
+
+def _forked(fork: Callable[[], int], workers: set[int]) -> dict[str, Any]:
+    """The reply to `fork`: the new worker's pid (kept in `workers`), or why the kernel refused (EAGAIN, ENOMEM:
+    this start fails, the pool goes on)."""
+    try:
+        pid = fork()
+    except OSError as exc:
+        return {"kind": "error", "message": str(exc)}
+    workers.add(pid)
+    return {"kind": "forked", "pid": pid}
 
 
 def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: Any, control: list[int]) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 
 MARK = "SKYNET_DSPY_WORKER"  # the environment variable naming the worker a process descends from
 _ROUNDS = 5  # a process killed while forking may leave a fresh child: look again, up to this many times
@@ -77,7 +78,5 @@ def kill_descendants(pid: int | None, token: str | None = None) -> None:
         if not found:
             return
         for each in found:
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 os.kill(each, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass

@@ -10,6 +10,7 @@ import io
 import math
 import pickle
 import re
+from contextlib import suppress
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -80,10 +81,13 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
             why = f"nested more than {MAX_DEPTH} levels deep" if depth >= MAX_DEPTH else "not sent"
             return f"[a {kind.__name__} of {len(value)} items, {why}]"
         return _cut_text(shorten(value, MAX_REPR), budget)
-    if kind is list:
-        return _items(value, depth, budget)
-    if kind is tuple:
-        return tuple(_items(value, depth, budget))
+    if kind in (list, tuple, dict, set, frozenset):
+        return _container(value, kind, depth, budget)
+    return _scalar_like(value, kind, depth, budget)
+
+
+def _container(value: Any, kind: type, depth: int, budget: _Budget) -> Any:
+    """A list, tuple, dict or set rebuilt of plain values."""
     if kind is dict:
         plain: dict[Any, Any] = {}
         for key, item in dict.items(value):
@@ -92,13 +96,19 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
                 break
             plain[_key(key)] = _plain(item, depth + 1, budget)
         return plain
-    if kind in (set, frozenset):
-        items = _items(value, depth, budget)
-        try:
-            return kind(items)
-        except TypeError:  # an item became unhashable (a repr is a str, so this is rare)
-            return items
-    for base in (bool, int, float, str, bytes):  # a subclass travels as its base value (np.float64 is a float)
+    items = _items(value, depth, budget)
+    if kind is list:
+        return items
+    try:
+        return kind(items)
+    except TypeError:  # a set's item became unhashable (a repr is a str, so this is rare)
+        return items
+
+
+def _scalar_like(value: Any, kind: type, depth: int, budget: _Budget) -> Any:
+    """A subclass of a plain type as its base value (np.float64 is a float), a numpy scalar as its item, anything
+    else as its repr."""
+    for base in (bool, int, float, str, bytes):
         if isinstance(value, base):
             try:
                 converted = base(value)  # type: ignore[arg-type]  # value is an instance of base
@@ -106,10 +116,8 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
                 break
             return _cut_text(converted, budget) if base in (str, bytes) else converted
     if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
-        try:
+        with suppress(Exception):
             return _plain(value.item(), depth + 1, budget)
-        except Exception:
-            pass
     return _cut_text(shorten(value, MAX_REPR), budget)
 
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import types
+from contextlib import suppress
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -177,10 +178,8 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
 def _flush() -> None:
     """Write out what score printed and is still buffered (Python's streams, C's stdio): it belongs to its call."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(Exception):  # a stream the metric closed or replaced
             stream.flush()
-        except Exception:  # noqa: BLE001, S110 - a stream the metric closed or replaced
-            pass
     _libc.fflush(None)
 
 

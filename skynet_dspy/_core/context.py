@@ -209,10 +209,11 @@ def current(helper: str) -> MetricCall:
 
 
 def current_or_none(helper: str) -> MetricCall | None:
-    """The metric call in progress in this context, else the only one in progress in the process, else None; an
-    OutsideMetricCall naming `helper` when several are (a thread the metric started cannot tell which is its own)."""
+    """The metric call in progress in this context, else (on a thread the metric started: never the main one) the
+    only one in progress in the process, else None; an OutsideMetricCall naming `helper` when several are (a thread
+    the metric started cannot tell which is its own)."""
     call = _current.get()
-    if call is None and _in_progress:
+    if call is None and _in_progress and threading.current_thread() is not threading.main_thread():
         if len(_in_progress) > 1:
             raise OutsideMetricCall(f"skynet.{helper}() {_SEVERAL_CALLS}.")
         try:

@@ -360,9 +360,9 @@ def test_calls_in_threads_dspy_parallel_starts_belong_to_the_run(server, lm):
                      (self.right, dspy.Example(question=question + " again").with_inputs("question"))]
             return dspy.Parallel(num_threads=2, disable_progress_bar=True)(pairs)[0]
 
+    _measure.install()  # before the program is built and run, as load_metric does
     with dspy.context(lm=lm):
         prediction = Fan()(question="question #3")
-    _measure.install()
     obs, reason = _measure.observation_for(prediction)
     assert reason is None
     assert obs.model_calls == 2 and obs.prompt_tokens == 2 * (PROMPT + 3)

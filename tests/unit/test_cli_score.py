@@ -193,9 +193,10 @@ def test_a_named_score_called_score_never_stands_in_for_the_mean_score(tmp_path,
 
 
 SLEEPY = '''
-import time
+import os, time
 
 def score(input, output, expected=None):
+    open(os.path.join(os.path.dirname(__file__), "inside"), "a").close()  # the test waits for it
     time.sleep(30)
     return 1.0, {"feedback": "late"}
 '''
@@ -213,10 +214,16 @@ def test_ctrl_c_stops_at_once_with_exit_130(tmp_path, threads):
     command = [sys.executable, "-m", "skynet_dspy._cli", "score", str(metric), "--data", str(write_cases(tmp_path, 8)),
                "--threads", str(threads), "--timeout", "60"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)  # the workers have started and are inside score
+    inside = metric.parent / "inside"
+    for _ in range(1200):  # a call is inside score (a loaded machine may take long to get there)
+        if inside.exists() or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert inside.exists(), process.communicate(timeout=30)[1][-2000:]
     interrupted = time.monotonic()
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
+    _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr
-    assert time.monotonic() - interrupted < 10, "the command waited for the calls in progress"
+    # each call sleeps 30 s: ending well before that, the command did not wait for the calls in progress
+    assert time.monotonic() - interrupted < 20, "the command waited for the calls in progress"

@@ -64,23 +64,13 @@ class ProcessExecutor:
         # a call waits this long at most for a worker to start; it is never charged to the call's timeout
         self.start_timeout = timeout + STARTUP_TIMEOUT
         self._spec = source_spec(source)
-        self._cond = threading.Condition()
-        self._helper_lock = threading.Lock()
-        self._idle: list[WorkerProcess] = []
-        self._workers: set[WorkerProcess] = set()  # every live worker, busy or idle
-        self._helpers: set[Template] = set()  # every live template: the pool's, or each fresh worker's
-        self._template: Template | None = None
-        self._starting = 0
-        self._waiting = 0  # calls waiting for a worker
         self._start_failures = 0
         self._start_error: BaseException | None = None
         self._start_failed_at = -math.inf
         self._closed = False
         self._output_logged = False
         self._call_ids = itertools.count(1)
-        self._owner = os.getpid()
-        self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._helpers, self._owner)
+        self._new_pool()
         try:
             worker = self._new_worker(timeout)  # a MetricLoadError here is load_metric()'s
         except BaseException:
@@ -90,6 +80,20 @@ class ProcessExecutor:
         with self._cond:
             self._workers.add(worker)
         self._release(worker)
+
+    def _new_pool(self) -> None:
+        """No worker yet, and a new template with the next one."""
+        self._cond = threading.Condition()
+        self._helper_lock = threading.Lock()
+        self._idle: list[WorkerProcess] = []
+        self._workers: set[WorkerProcess] = set()  # every live worker, busy or idle
+        self._helpers: set[Template] = set()  # every live template: the pool's, or each fresh worker's
+        self._template: Template | None = None
+        self._starting = 0
+        self._waiting = 0  # calls waiting for a worker
+        self._owner = os.getpid()
+        self._pool = uuid.uuid4().hex  # the pool's mark: every worker's mark starts with it (tree.py)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._helpers, self._owner)
 
     # -- starting workers ------------------------------------------------------------------------
 
@@ -372,14 +376,8 @@ class ProcessExecutor:
 
     def _forget_inherited_workers(self) -> None:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""
-        self._cond = threading.Condition()
-        self._helper_lock = threading.Lock()
-        self._idle, self._workers, self._helpers, self._starting, self._waiting = [], set(), set(), 0, 0
-        self._template = None  # a new template starts with the next worker
-        self._owner = os.getpid()
-        self._pool = uuid.uuid4().hex
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, self._helpers, self._owner)
+        self._new_pool()
 
     @property
     def worker_pids(self) -> list[int]:

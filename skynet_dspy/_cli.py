@@ -171,18 +171,14 @@ def _check(args: argparse.Namespace) -> int:
     # --cases N, --all, or the default: 3 cases, or every case when --human labels them
     max_cases = None if args.all or (args.cases is None and args.human is not None) else args.cases or 3
     progress = Progress("skynet-dspy check", unit="calls") if not args.json else None
-    try:
-        # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show
-        # on stderr, each on a line of its own above the progress bar
-        with contextlib.redirect_stdout(sys.stderr), logging_redirect_tqdm([logger]):
-            report = check_contract(
-                args.metric, rows, max_cases=max_cases, inputs=args.inputs, progress=progress,
-                repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
-                **options,
-            )
-    finally:
-        if progress is not None:
-            progress.close()  # clears its line: the report starts on a clean one
+    # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show on
+    # stderr, each on a line of its own above the progress bar, which is cleared before the report prints
+    with contextlib.redirect_stdout(sys.stderr), logging_redirect_tqdm([logger]), progress or contextlib.nullcontext():
+        report = check_contract(
+            args.metric, rows, max_cases=max_cases, inputs=args.inputs, progress=progress,
+            repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
+            **options,
+        )
     report.run_all_hint = "--all runs every case"
     print(report.to_json() if args.json else report)
     return EXIT_OK if report.ok else EXIT_BROKEN

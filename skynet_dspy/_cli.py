@@ -160,7 +160,10 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from ._check import check_contract, read_jsonl
+    from ._core.logs import logger
     from ._results.progress import Progress
 
     options = _metric_options(args)
@@ -168,40 +171,17 @@ def _check(args: argparse.Namespace) -> int:
     # --cases N, --all, or the default: 3 cases, or every case when --human labels them
     max_cases = None if args.all or (args.cases is None and args.human is not None) else args.cases or 3
     progress = Progress("skynet-dspy check", unit="calls") if not args.json else None
-    try:
-        # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show
-        with contextlib.redirect_stdout(sys.stderr), _warnings_shown(progress):
-            report = check_contract(
-                args.metric, rows, max_cases=max_cases, inputs=args.inputs, progress=progress,
-                repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
-                **options,
-            )
-    finally:
-        if progress is not None:
-            progress.close()  # clears its line: the report starts on a clean one
+    # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show on
+    # stderr, each on a line of its own above the progress bar, which is cleared before the report prints
+    with contextlib.redirect_stdout(sys.stderr), logging_redirect_tqdm([logger]), progress or contextlib.nullcontext():
+        report = check_contract(
+            args.metric, rows, max_cases=max_cases, inputs=args.inputs, progress=progress,
+            repeat=args.repeat, max_spread=args.max_spread, human=args.human, min_agreement=args.min_agreement,
+            **options,
+        )
     report.run_all_hint = "--all runs every case"
     print(report.to_json() if args.json else report)
     return EXIT_OK if report.ok else EXIT_BROKEN
-
-
-@contextlib.contextmanager
-def _warnings_shown(progress: Any) -> Any:
-    """The package's warnings on stderr while the check runs, each on a line of its own below the progress bar."""
-    import logging
-
-    from ._core.logs import logger
-
-    class Shown(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            above = "\n" if progress is not None and progress.enabled else ""
-            sys.stderr.write(f"{above}{for_terminal(record.getMessage())}\n")
-
-    handler = Shown(logging.WARNING)
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
 
 
 def _metric_options(args: argparse.Namespace) -> MetricOptions:
@@ -244,8 +224,7 @@ def _score(args: argparse.Namespace) -> int:
         print(for_terminal(secrets.redact(f"skynet-dspy score: the metric does not load, nothing was scored: {exc}")),
               file=sys.stderr)
         return EXIT_BROKEN
-    progress = Progress("skynet-dspy score", unit="cases")
-    progress.update(0, len(cases))
+    progress = Progress("skynet-dspy score", len(cases), unit="cases")
     rows: Any = None
     started = time.perf_counter()
     try:
@@ -263,10 +242,8 @@ def _score(args: argparse.Namespace) -> int:
         print(for_terminal(f"skynet-dspy score: interrupted: {kept} of {len(cases)} case(s) scored before the "
                            f"interrupt{where if kept else ''}"), file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        raise  # standard output's reader went away: main() says so
     except OSError as exc:
-        if args.out is None:
+        if args.out is None or isinstance(exc, BrokenPipeError):  # a broken pipe: main() says so
             raise
         raise UsageError(f"--out {args.out}: cannot write the rows: {exc.strerror or exc}") from None
     finally:

@@ -17,10 +17,10 @@ from .._core.specs import MetricSource
 from .._core.types import Item, JudgeUsage, Result, Status
 from .._core.values import shorten, whole_number
 from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
-from . import agreement, stability
+from . import agreement, items, stability
 from .agreement import DEFAULT_MIN_AGREEMENT, HumanScores
 from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
-from .items import STOPPING, all_items, same_value
+from .items import STOPPING, same_value
 from .report import Call, CaseRun, CheckItem, ContractReport, Role
 from .stability import DEFAULT_MAX_SPREAD
 
@@ -138,7 +138,9 @@ def _check_calls(metric: Metric, report: ContractReport, checked: list[Case], pr
     with _adapter_warnings_silenced():
         _run_calls(metric, checked, report, progress)
     report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
-    report.items.extend(all_items(report.calls, checked, metric.timeout, metric.output_fields, metric.failure_score))
+    calls = report.calls
+    report.items += [items.return_value(calls), items.timeout_item(calls, metric.timeout), items.named_scores(calls),
+                     items.perfect_output(calls, checked, metric.output_fields, metric.failure_score)]
     if not report.calls:
         _nothing_to_score(report, checked, metric.output_fields)
 
@@ -212,22 +214,15 @@ def _adapter_warnings_silenced() -> Iterator[None]:
         logger.removeFilter(from_other_threads)
 
 
-def _plan(checked: list[Case], perfects: list[Any]) -> list[list[tuple[Role, Any, int | None]]]:
-    """For each case, the calls to make: its given output, its expected values as output (the perfect answer),
-    and, with no output given, another case's expected values (a wrong answer)."""
-    plans = []
-    for number, case in enumerate(checked):
-        plan: list[tuple[Role, Any, int | None]] = []
-        if case.has_output:
-            plan.append((Role.GIVEN, case.output, None))
-        if perfects[number] is not None:
-            plan.append((Role.PERFECT, perfects[number], None))
-        if not case.has_output:
-            other = _contrast(perfects, number)
-            if other is not None:
-                plan.append((Role.CONTRAST, perfects[other], other + 1))
-        plans.append(plan)
-    return plans
+def _plan(checked: list[Case], perfects: list[Any], index: int) -> list[tuple[Role, Any, int | None]]:
+    """The calls to make on a case: its given output, its expected values as output (the perfect answer), and,
+    with no output given, another case's expected values (a wrong answer)."""
+    case, perfect = checked[index], perfects[index]
+    plan: list[tuple[Role, Any, int | None]] = [(Role.GIVEN, case.output, None)] if case.has_output else []
+    if perfect is not None:
+        plan.append((Role.PERFECT, perfect, None))
+    other = None if case.has_output else _contrast(perfects, index)
+    return plan if other is None else [*plan, (Role.CONTRAST, perfects[other], other + 1)]
 
 
 def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progress: Progress | None) -> None:
@@ -235,17 +230,14 @@ def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progres
     from .._dspy.translate import perfect_output
 
     perfects = [perfect_output(case.expected, metric.output_fields) for case in checked]
-    plans = _plan(checked, perfects)
-    planned = sum(len(plan) for plan in plans)
-    done = 0
+    plans = [_plan(checked, perfects, index) for index in range(len(checked))]
+    planned, done = sum(len(plan) for plan in plans), 0
     for number, (case, plan) in enumerate(zip(checked, plans, strict=True), 1):
         runs: dict[Role, Result] = {}
         for role, output, source_case in plan:
             started = time.perf_counter()
-            result = metric.score(case.input, output, case.expected)
-            call = Call(number, role, output, result, time.perf_counter() - started, source_case)
-            report.calls.append(call)
-            runs[role] = result
+            runs[role] = result = metric.score(case.input, output, case.expected)
+            report.calls.append(Call(number, role, output, result, time.perf_counter() - started, source_case))
             done += 1
             if progress is not None:
                 progress(done, planned)

@@ -20,18 +20,6 @@ _PERFECT = Item.PERFECT_OUTPUT
 _NAMED_SCORE_RULES = ("scores is not a dict", "too many named scores", "named score")
 
 
-def all_items(
-    calls: list[Call], cases: list[Case], timeout: float, output_fields: Any, failure_score: float = 0.0
-) -> list[CheckItem]:
-    """The items that read the calls: return value, timeout, named scores, perfect output."""
-    return [
-        return_value(calls),
-        timeout_item(calls, timeout),
-        named_scores(calls),
-        perfect_output(calls, cases, output_fields, failure_score),
-    ]
-
-
 def return_value(calls: list[Call]) -> CheckItem:
     name = Item.RETURN_VALUE
     broken = _broken_calls(calls)
@@ -133,10 +121,6 @@ def _shape_hint(case: Case, output_fields: Any) -> str:
         "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
         "(--output-fields a,b on the command line)"
     )
-
-
-# What the verdict and the item suggest when a perfect output does not score highest.
-NEVER_REWARDS = "look for an inverted comparison (== where != was meant, a negated check) or a wrong field"
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -242,7 +226,8 @@ def _never_rewarded(tried: _Tried, call: Call, why: str) -> CheckItem:
     shape (expected values of several fields, no output_fields)."""
     hint = tried.hint(call)
     return CheckItem(_PERFECT, Status.WARNING if hint else Status.FAILED,
-                     f"a perfect output scores {call.result.score:.4g} ({call.label}), {why}: {NEVER_REWARDS}{hint}")
+                     f"a perfect output scores {call.result.score:.4g} ({call.label}), {why}: look for an inverted "
+                     f"comparison (== where != was meant, a negated check) or a wrong field{hint}")
 
 
 def _below_another(tried: _Tried) -> CheckItem | None:

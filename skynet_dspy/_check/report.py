@@ -81,11 +81,8 @@ class Call:
     @property
     def label(self) -> str:
         """Which call this was, in words: 'case 2, given output'."""
-        what = {
-            Role.GIVEN: "given output",
-            Role.PERFECT: "expected values as output",
-            Role.CONTRAST: f"case {self.source_case}'s expected values as output",
-        }[self.role]
+        what = {Role.GIVEN: "given output", Role.PERFECT: "expected values as output",
+                Role.CONTRAST: f"case {self.source_case}'s expected values as output"}[self.role]
         return f"case {self.case}, {what}"
 
     @property
@@ -182,8 +179,7 @@ class ContractReport:
             head = f"  [{_MARKS[item.status]}] {item.name.ljust(width)}  "
             lines.extend(_wrap(secrets.redact(item.message), head, indent))
         if self.calls:
-            lines.append("")
-            lines.append("Calls:")
+            lines += ["", "Calls:"]
             label_width = max(len("call"), *(len(call.label) for call in self.calls))
             score_width = max(len("score"), *(len(_score_text(call.result)) for call in self.calls))
             under = " " * (label_width + score_width + 6)  # where the feedback column starts
@@ -196,8 +192,7 @@ class ContractReport:
                 lines.extend(under + line for line in rest)
         for section in self._sections:
             lines.extend(["", *section])
-        lines.append("")
-        lines.append(self.verdict)
+        lines += ["", self.verdict]
         return safe_text.for_terminal(secrets.redact("\n".join(lines)))
 
     __repr__ = __str__
@@ -286,6 +281,4 @@ def _feedback_lines(feedback: str, room: int) -> list[str]:
 
 
 def _score_text(result: Result) -> str:
-    if result.failure is not None:
-        return str(result.failure)
-    return f"{result.score:.4g}"
+    return str(result.failure) if result.failure is not None else f"{result.score:.4g}"

@@ -78,12 +78,8 @@ def _frame_of(rows: list[table.Row], layout: table.Layout) -> pd.DataFrame:
         frame["model_calls"] = pd.to_numeric(frame["model_calls"], errors="coerce").astype("Int64")
     frame["feedback"] = frame["feedback"].astype(str)
     frame["failure"] = frame["failure"].astype(str)
-    frame.attrs["skynet"] = {
-        "inputs": list(layout.inputs.values()),
-        "outputs": list(layout.outputs.values()),
-        "expected": list(layout.expected.values()),
-        "scores": list(layout.scores.values()),
-    }
+    frame.attrs["skynet"] = {group: list(getattr(layout, group).values())
+                             for group in ("inputs", "outputs", "expected", "scores")}
     return frame
 
 
@@ -166,9 +162,8 @@ def _text_cells(frame: pd.DataFrame, convert: Any) -> pd.DataFrame:
 
 
 def _csv_value(value: Any) -> Any:
-    if value is None or isinstance(value, (int, float, bool)):
-        return value
-    return safe_text.csv_cell(secrets.redact(value if isinstance(value, str) else str(value)))
+    plain = value is None or isinstance(value, (int, float, bool))
+    return safe_text.csv_cell(value if plain else secrets.redact(str(value)))
 
 
 def _html_text(value: Any) -> str:

@@ -19,24 +19,19 @@ class Progress:
     """Progress of `total` steps ("cases", "calls") on `stream` (stderr, or Jupyter's widget); thread-safe."""
 
     def __init__(self, label: str, total: int | None = None, *, unit: str = "cases", stream: TextIO | None = None,
-                 delay: float = 1.0, interval: float = 0.25, enabled: bool | None = None):
+                 delay: float = 1.0, interval: float = 0.25):
         bar = auto_bar if stream is None else terminal_bar  # a given stream: a line on it, never a widget
         notebook = sys.modules.get("tqdm.notebook")
         # a terminal whose size is unknown (0 x 0) gets the usual 80 x 24, not tqdm's "draw nothing"
         size = {} if notebook and issubclass(bar, notebook.tqdm) else dict(
             zip(("ncols", "nrows"), shutil.get_terminal_size(), strict=True))
         self.bar = bar(total=total, desc=for_terminal(label), unit=f" {unit}", file=stream, delay=delay,
-                       disable=None if enabled is None else not enabled, leave=False, **size)
+                       disable=None, leave=False, **size)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if not self.bar.disable:
             threading.Thread(target=self._tick, args=(delay, interval), name="skynet-dspy progress",
                              daemon=True).start()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether a bar is drawn (a terminal or Jupyter, not a pipe)."""
-        return not self.bar.disable
 
     def advance(self, steps: int = 1) -> None:
         """Count `steps` more steps done."""

@@ -236,9 +236,7 @@ def _sources(run: Any) -> tuple[Any, RunRecord | None, str]:
         if record is None:
             raise ValueError("this optimizer has not run yet: call optimizer.compile(program, trainset=...) first")
         program = getattr(run, "skynet_program", None)
-        if program is None:
-            return None, record, "dspy.GEPA"
-        return _detailed(program), record, "dspy.GEPA"
+        return (None if program is None else _detailed(program)), record, "dspy.GEPA"
     if isinstance(run, dspy.Module):
         return _detailed(run), record_of(run), "dspy.GEPA"
     raise TypeError(

@@ -58,23 +58,23 @@ def score_cases(
     million cases never become a million tasks. A KeyboardInterrupt stops at once, not waiting for the calls.
     """
     outputs = outputs_of(cases, getattr(metric, "output_fields", None))
-    results: list[Result | None] = [None] * len(cases)
+    scored: list[Scored] = []
 
-    def one(index: int) -> int:
-        results[index] = metric.score(cases[index].input, outputs[index], cases[index].expected)
+    def one(index: int) -> Scored:
+        result = metric.score(cases[index].input, outputs[index], cases[index].expected)
         if progress is not None:
             progress(1)
-        return index
+        return Scored(index + 1, result)
 
-    def finished(futures: set[Future[int]]) -> set[Future[int]]:
+    def finished(futures: set[Future[Scored]]) -> set[Future[Scored]]:
         done, pending = wait(futures, return_when=FIRST_COMPLETED)
         for future in done:
-            result = results[future.result()]
-            if on_scored is not None and result is not None:
-                on_scored(Scored(future.result() + 1, result))
+            scored.append(future.result())
+            if on_scored is not None:
+                on_scored(scored[-1])
         return pending
 
-    pending: set[Future[int]] = set()
+    pending: set[Future[Scored]] = set()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
     try:
         for index in range(len(cases)):
@@ -87,7 +87,7 @@ def score_cases(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    return [Scored(number, result) for number, result in enumerate(results, 1) if result is not None]
+    return sorted(scored, key=lambda item: item.case)
 
 
 def _csv_row(item: Scored, named: dict[str, str]) -> list[Any]:

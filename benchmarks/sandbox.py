@@ -3,8 +3,8 @@
 12a. **Per-call overhead**: `metric.score(input, output, expected)` on the exact-match metric, from another thread,
     with sandbox=False and sandbox=True, timed back to back in a rotating order against the bare `score()`.
 12b. **Worker start**: `load_metric(...)` (one new worker process started and the metric loaded in it), a fresh
-    metric each time, both ways in turn; the sandbox's one-off trial start (at its first load_metric in a
-    process) is timed apart.
+    metric each time, both ways in turn; the first sandboxed load_metric in a process (its imports, bwrap's
+    first start) is timed apart.
 12c/d. **The sandboxed pool** of a metric holding a model (benchmark 9's metric, `model_mb` MiB written at
     import), grown to 8 workers by 8 calls held until all 8 are ready: its memory (PSS of every process in the
     sandbox: bubblewrap, the template, the workers) against one worker's RSS, and the time from load_metric's
@@ -47,7 +47,7 @@ def run(calls: int, starts: int, warmup: int = 200) -> dict[str, Any]:
     if shutil.which("bwrap") is None:
         return {"skipped": "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"}
     mark = perf_counter()
-    skynet_dspy.load_metric(EXACT, sandbox=True).close()  # the trial sandbox runs once per process: timed here
+    skynet_dspy.load_metric(EXACT, sandbox=True).close()  # the first in this process: timed apart
     first_load_s = perf_counter() - mark
     start_s: dict[str, list[float]] = {way: [] for way in WAYS}
     for k in range(starts):
@@ -115,7 +115,7 @@ def _pool_child(mode: str, path: str) -> dict[str, Any]:
     from benchmarks.worker_pool import _pss, _rss
     from skynet_dspy._core.isolation import tree
 
-    skynet_dspy.load_metric(path, sandbox=True, timeout=120).close()  # the one-off trial sandbox, not timed
+    skynet_dspy.load_metric(path, sandbox=True, timeout=120).close()  # the first in this process, not timed
     started = time.perf_counter()
     metric = skynet_dspy.load_metric(path, sandbox=True, timeout=120, workers=POOL_WORKERS)
     import_s = time.perf_counter() - started  # a sandbox started and one import of the metric in it

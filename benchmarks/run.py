@@ -423,7 +423,7 @@ def _sandbox_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     ), (
         f"12b. Worker start, `load_metric(...)` (a new worker, metric loaded), median of {s['starts']}",
         f"sandbox=True: {boxed['start_median_ms']:,.0f} ms (max {boxed['start_max_ms']:,.0f}); the first "
-        f"sandboxed load in a process (a trial sandbox too): {s['first_sandboxed_load_s'] * 1000:,.0f} ms",
+        f"sandboxed load in a process: {s['first_sandboxed_load_s'] * 1000:,.0f} ms",
         f"plain worker: {plain['start_median_ms']:,.0f} ms (max {plain['start_max_ms']:,.0f})",
         f"{boxed['start_median_ms'] - plain['start_median_ms']:+,.0f} ms per worker start",
         "reference only",

@@ -30,11 +30,21 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 
 
 def to_worker(message: Any) -> bytes:
-    """A message for a worker; user values are pickled by value where pickle would need the user's script."""
+    """A message for a worker; user values are pickled by value where pickle would need the user's script.
+
+    Plain pickle first (a third of cloudpickle's time for a call's plain values); cloudpickle for what it cannot
+    send, or sends by a reference to `__main__` (a notebook's or script's class), which the worker cannot follow.
+    """
+    try:
+        data = pickle.dumps(message, protocol=PROTOCOL)
+    except Exception:  # noqa: BLE001 - a lambda, a local class: cloudpickle sends them by value
+        data = b"__main__"
+    if b"__main__" not in data:
+        return data
     import cloudpickle
 
-    data: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
-    return data
+    by_value: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
+    return by_value
 
 
 def to_parent(message: Any) -> bytes:

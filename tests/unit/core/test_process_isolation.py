@@ -178,3 +178,45 @@ def test_a_script_without_a_main_guard_runs_once_not_once_per_worker(tmp_path):
     # calls take whichever worker is ready first (a new one, or one that became idle): at least one more started
     assert int(done.stdout.split("workers ")[1]) >= 2, done.stdout
     assert time.monotonic() - started < 60
+
+
+MAIN_VALUES_SCRIPT = """
+import sys
+from dataclasses import dataclass
+import skynet_dspy
+
+@dataclass
+class Answer:  # defined in the user's script (__main__): a worker cannot import it, so it travels by value
+    label: str
+
+with skynet_dspy.load_metric(sys.argv[1]) as metric:
+    plain = metric.score({"question": "q"}, "billing", {"label": "billing"})
+    mine = metric.score({"question": "q"}, Answer("billing"), {"label": "billing"})
+    local = metric.score({"question": "q"}, (lambda: "billing")(), {"label": "billing"})
+print(plain.score, mine.score, mine.feedback, local.score)
+"""
+
+LABEL_METRIC = """
+def score(input, output, expected=None):
+    label = getattr(output, "label", output)
+    return float(label == expected["label"]), {"feedback": type(output).__name__}
+"""
+
+
+def test_values_a_script_defines_reach_the_worker(tmp_path):
+    """Call messages go by plain pickle, or by value (cloudpickle) when they hold what only the user's script or
+    notebook defines."""
+    path = write_metric(tmp_path, LABEL_METRIC)
+    script = tmp_path / "train.py"
+    script.write_text(MAIN_VALUES_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1.0", "1.0", "Answer", "1.0"], done.stdout
+
+
+def test_a_call_message_is_plain_pickle_unless_it_needs_the_users_script():
+    from skynet_dspy._core.call import CallRequest
+
+    message = {"kind": "call", "call": 1, "request": CallRequest({"q": "x"}, "billing", {"label": "billing"})}
+    assert wire.to_worker(message) == pickle.dumps(message, protocol=wire.PROTOCOL)
+    assert pickle.loads(wire.to_worker({"value": lambda: 1})) is not None  # by value: cloudpickle

@@ -15,7 +15,6 @@ MAX_COMPLEXITY = 15
 MAX_LINES = 600
 
 LEFT: dict[str, int] = {
-    "_core/call.py:type_name": 22,
     "_core/isolation/wire.py:_plain": 22,
     "_core/isolation/template.py:main": 17,
     "_core/isolation/process.py:ProcessExecutor._acquire": 18,

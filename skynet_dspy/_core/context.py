@@ -34,8 +34,8 @@ class MetricCall:
 
 
 class CallScope:
-    """The llm() requests of one metric call. When the call ends (scored, timed out, its worker killed) the
-    executor calls end(): every request of the call still waiting, queued or retrying stops, and none starts."""
+    """llm() requests that end together: one metric call's (the executor calls end() when it is scored, timed out or
+    its worker killed) or a judge's (Judge.close()). Every request still waiting, queued or retrying stops."""
 
     __slots__ = ("_lock", "_ended", "_watchers")
 

@@ -5,7 +5,6 @@ call ends (context.CallScope) or the judge is closed, it is never sent or retrie
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import threading
 import time
@@ -15,7 +14,7 @@ from typing import Any, Unpack
 from .._core import context, secrets
 from .._core.errors import NO_JUDGE_MODEL
 from .._core.logs import logger
-from .._core.options import JudgeCache, JudgeOptions, ModelSpec
+from .._core.options import JudgeCache, JudgeOptions, ModelSpec, check_names
 from .._core.types import JudgeUsage
 from .._core.values import (
     COMPLETION_TOKENS,
@@ -25,7 +24,6 @@ from .._core.values import (
     content_text,
     seconds,
     token_count,
-    unknown_option,
     whole_number,
 )
 from ..errors import LLMCallError, ModelNotConfigured, SpendCapReached
@@ -84,7 +82,7 @@ class Judge:
     ):
         self._in_flight = limits.InFlight(limits.checked_limit("judge_max_concurrency", max_concurrency))
         self._per_minute = limits.PerMinute(limits.checked_limit("judge_rpm", rpm))
-        self._requests: set[threading.Event] = set()  # the cancel events of requests in progress, for close()
+        self._open = context.CallScope()  # the requests in progress, ended by close()
         self.max_retries = whole_number("max_retries", max_retries)
         self.timeout = seconds("timeout", timeout)
         self.retry_base_delay = float(seconds("retry_base_delay", retry_base_delay) if retry_base_delay else 0)
@@ -147,26 +145,23 @@ class Judge:
         for this call. Identical requests are answered from the cache, and sent once when made at once.
         """
         check_llm_arguments(instructions, input, overrides)
-        cancelled, scope = threading.Event(), context.current_scope() or context.CallScope()
-        scope.watch(cancelled)
-        with self._lock:
-            self._requests.add(cancelled)
+        cancelled = threading.Event()
+        scopes = (context.current_scope() or context.CallScope(), self._open)
+        for scope in scopes:
+            scope.watch(cancelled)
         try:
             return self._complete(instructions, input, overrides, cancelled)
         except limits.Cancelled:
             raise LLMCallError("skynet.llm(): the request was not sent: its metric call had ended (scored, timed out "
                                "or stopped) or the metric was closed") from None
         finally:
-            scope.unwatch(cancelled)
-            with self._lock:
-                self._requests.discard(cancelled)
+            for scope in scopes:
+                scope.unwatch(cancelled)
 
     def close(self) -> None:
         """Cancel the requests in progress: none of them is sent or retried from now on (later requests are)."""
-        with self._lock:
-            requests, self._requests = self._requests, set()
-        for cancelled in requests:
-            cancelled.set()
+        closing, self._open = self._open, context.CallScope()
+        closing.end()
 
     def _complete(
         self, instructions: str, input: str | None, overrides: dict[str, Any], cancelled: threading.Event
@@ -389,10 +384,7 @@ def configure_llm(
         The new process-default Judge (read `.usage` on it).
     """
     global _default
-    known = list(inspect.signature(Judge).parameters)
-    for name in options:
-        if name not in known:
-            raise unknown_option("configure_llm()", name, known)
+    check_names("configure_llm()", options, JudgeOptions)
     judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=cache, **options)
     _default = judge if judge.metric_lm or judge.reflection_lm else None
     context.set_default_llm(_default)

@@ -97,8 +97,6 @@ class Judge:
         self._cost: float | None = 0.0  # None once a request's price is unknown
         self._seconds = self._busy_since = 0.0  # wall-clock time with at least one request in progress
 
-    # -- configuration --------------------------------------------------------------------
-
     @property
     def metric_lm(self) -> Endpoint | None:
         """The model llm() calls first (its repr shows the model and base URL, never the key)."""
@@ -131,8 +129,6 @@ class Judge:
         if found is None and raise_missing:
             raise ModelNotConfigured(NO_JUDGE_MODEL)
         return found
-
-    # -- the call -------------------------------------------------------------------------
 
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         """llm()'s handler: the text for (instructions, input, settings)."""
@@ -308,8 +304,6 @@ class Judge:
         logger.info("skynet-dspy llm(): %s: %s; retrying in %.2f s (attempt %d of %d)", where, error, delay,
                     attempt + 1, self.max_retries + 1)
         return delay
-
-    # -- what the user reads ----------------------------------------------------------------
 
     @property
     def usage(self) -> JudgeUsage:

@@ -9,6 +9,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Unpack
 
 from .._core import context, secrets
@@ -92,10 +93,8 @@ class Judge:
         # max_judge_cost_usd=: once the measured spend reaches it, requests are refused (cache hits still answer)
         self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
-        self._requests_sent = self._retries = self._failed = self._hits = self._active = 0  # _active: in progress
-        self._prompt_tokens = self._completion_tokens = 0
-        self._cost: float | None = 0.0  # None once a request's price is unknown
-        self._seconds = self._busy_since = 0.0  # wall-clock time with at least one request in progress
+        self._usage = JudgeUsage()  # its seconds: wall-clock time with at least one of the _active requests running
+        self._active, self._busy_since = 0, 0.0
 
     @property
     def metric_lm(self) -> Endpoint | None:
@@ -174,7 +173,7 @@ class Judge:
         text = self.cache.lead_or_wait(key, self.timeout, cancelled)  # None: this thread sends it
         if text is not None:
             with self._lock:
-                self._hits += 1
+                self._usage += JudgeUsage(cache_hits=1)
             return text
         try:
             text = self._send(target, request, cancelled)
@@ -204,7 +203,7 @@ class Judge:
                         _sleep(self._retry_delay(target, exc, attempt, state), cancelled)
             except LLMCallError:
                 with self._lock:
-                    self._failed += 1
+                    self._usage += JudgeUsage(failed=1)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
@@ -219,7 +218,8 @@ class Judge:
         finally:
             with self._lock:
                 self._active -= 1
-                self._seconds += 0.0 if self._active else time.perf_counter() - self._busy_since
+                if not self._active:
+                    self._usage += JudgeUsage(seconds=time.perf_counter() - self._busy_since)
 
     def _attempt(self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
                  cancelled: threading.Event, attempt: int) -> str:
@@ -241,8 +241,7 @@ class Judge:
             if cancelled.is_set():
                 raise limits.Cancelled
             with self._lock:
-                self._requests_sent += 1
-                self._retries += attempt > 1
+                self._usage += JudgeUsage(calls=1, retries=int(attempt > 1))
             with context.judging(), no_banner(litellm):
                 response = litellm.completion(**request)
         finally:
@@ -277,9 +276,7 @@ class Judge:
         if self.spend_cap is not None and reserved is not None:
             self.spend_cap.charge(cost, f"no price known for model {model}", reserved)
         with self._lock:
-            self._prompt_tokens += prompt
-            self._completion_tokens += completion
-            self._cost = None if self._cost is None or cost is None else self._cost + cost
+            self._usage += JudgeUsage(prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost)
         return text
 
     def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, state: limits.EndpointState) -> float:
@@ -310,10 +307,7 @@ class Judge:
         """A snapshot of the judge's usage through this object so far."""
         with self._lock:
             running = time.perf_counter() - self._busy_since if self._active else 0.0
-            return JudgeUsage(calls=self._requests_sent, retries=self._retries, failed=self._failed,
-                              cache_hits=self._hits, prompt_tokens=self._prompt_tokens,
-                              completion_tokens=self._completion_tokens, cost_usd=self._cost,
-                              seconds=self._seconds + running)
+            return replace(self._usage, seconds=self._usage.seconds + running)
 
     def __repr__(self) -> str:
         cache = self.cache.where if self.cache is not None else "off"

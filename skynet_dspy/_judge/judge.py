@@ -121,13 +121,10 @@ class Judge:
     @property
     def configured(self) -> bool:
         """Whether llm() has a model to call (its own, or the one configure_llm() set)."""
-        return self._route(raise_missing=False) is not None
+        return self._route() is not None
 
-    def _route(self, raise_missing: bool = True) -> Endpoint | None:
-        found = self._metric or self._reflection or (_default._metric or _default._reflection if _default else None)
-        if found is None and raise_missing:
-            raise ModelNotConfigured(NO_JUDGE_MODEL)
-        return found
+    def _route(self) -> Endpoint | None:
+        return self._metric or self._reflection or (_default._metric or _default._reflection if _default else None)
 
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         """llm()'s handler: the text for (instructions, input, settings)."""
@@ -162,7 +159,8 @@ class Judge:
         self, instructions: str, input: str | None, overrides: dict[str, Any], cancelled: threading.Event
     ) -> str:
         target = self._route()
-        assert target is not None
+        if target is None:
+            raise ModelNotConfigured(NO_JUDGE_MODEL)
         messages = [{"role": "user", "content": instructions}] if input is None else [
             {"role": "system", "content": instructions}, {"role": "user", "content": input}]
         settings = {key: value for key, value in overrides.items() if value is not None}

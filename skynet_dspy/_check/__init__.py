@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from .._core.options import MetricOptions, check_names
-from .._core.specs import MetricSource
+from .._core.options import MetricOptions, MetricSource, check_names
 from .._core.types import Item, JudgeUsage, Result, Status
 from .._core.values import shorten, whole_number
 from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError

@@ -6,9 +6,11 @@ threads are joined at exit: a request hung in HTTP would hold the process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .errors import LLMCallError
@@ -25,14 +27,12 @@ class CoroutineTimedOut(Exception):
     """A coroutine score ran past its timeout: it was cancelled, with everything it awaited."""
 
 
+@dataclass(slots=True)
 class _CallState:
     """What allm() keeps per metric call (every task of its loop sees it): its turns, and whether it has ended."""
 
-    __slots__ = ("slots", "ended")
-
-    def __init__(self) -> None:
-        self.slots = asyncio.Semaphore(LLM_AT_ONCE)
-        self.ended = False
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(LLM_AT_ONCE))
+    ended: bool = False
 
 
 _call_state: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar("skynet_aio_call", default=None)
@@ -128,10 +128,8 @@ async def in_thread(work: Callable[[], T]) -> T:
             else:
                 future.set_result(value)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits this any more
             loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the loop is closed: nobody awaits this any more
-            pass
 
     _in_daemon_thread(work, deliver)
     return await future

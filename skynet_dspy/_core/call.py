@@ -142,20 +142,38 @@ def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | N
         return name if getattr(builtins, name, None) is cls else None
     owner = sys.modules.get(module)
     file = getattr(owner, "__file__", None)
-    metric_files = [path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path] if loaded else []
-    folders = {os.path.dirname(os.path.abspath(path)) for path in metric_files}
-    if (
-        "<locals>" in qualname
-        or module == "__main__"
-        or (loaded is not None and owner is loaded.module)
-        or (isinstance(file, str) and os.path.dirname(os.path.abspath(file)) in folders)
-    ):
-        sources = ([file] if isinstance(file, str) else []) + metric_files
+    files = _metric_files(loaded)
+    if _metric_class(qualname, module, owner, file, loaded, files):
+        sources = ([file] if isinstance(file, str) else []) + sorted(files)
         return name if any(_class_statement(name, source) for source in sources) else None
     found: Any = owner  # a library's class: where it says it lives, under its name
     for part in qualname.split("."):
         found = getattr(found, part, None)
     return name if found is cls else None
+
+
+def _metric_files(loaded: LoadedMetric | None) -> set[str]:
+    """The metric's source files: the one it was loaded from and its module's."""
+    if loaded is None:
+        return set()
+    return {path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path}
+
+
+def _in_folders(path: str, files: set[str]) -> bool:
+    """Whether `path` lies in the folder of one of `files`."""
+    return os.path.dirname(os.path.abspath(path)) in {os.path.dirname(os.path.abspath(name)) for name in files}
+
+
+def _metric_class(
+    qualname: str, module: str, owner: Any, file: Any, loaded: LoadedMetric | None, files: set[str]
+) -> bool:
+    """Whether a class is the metric's own: made inside a function, in a script, in its module or beside it."""
+    return (
+        "<locals>" in qualname
+        or module == "__main__"
+        or (loaded is not None and owner is loaded.module)
+        or (isinstance(file, str) and _in_folders(file, files))
+    )
 
 
 def _class_statement(name: str, file: str) -> bool:
@@ -166,14 +184,11 @@ def _class_statement(name: str, file: str) -> bool:
 
 def raised_at(exc: BaseException, loaded: LoadedMetric) -> str | None:
     """'metric.py, line 12: `float(expected["x"])`': the last line of the metric's own code in the traceback."""
-    files = {name for name in (loaded.file, getattr(loaded.module, "__file__", None)) if name}
-    folders = {os.path.dirname(os.path.abspath(name)) for name in files}
+    files = _metric_files(loaded)
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
         filename = frame.filename or ""
-        if filename in files or (
-            filename.endswith(".py") and os.path.dirname(os.path.abspath(filename)) in folders
-        ):
+        if filename in files or (filename.endswith(".py") and _in_folders(filename, files)):
             found = frame
     if found is None:
         return None

@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +34,8 @@ class MetricCall:
 
 
 class CallScope:
-    """The llm() requests of one metric call. When the call ends (scored, timed out, its worker killed) the
-    executor calls end(): every request of the call still waiting, queued or retrying stops, and none starts."""
+    """llm() requests that end together: one metric call's (the executor calls end() when it is scored, timed out or
+    its worker killed) or a judge's (Judge.close()). Every request still waiting, queued or retrying stops."""
 
     __slots__ = ("_lock", "_ended", "_watchers")
 
@@ -162,10 +162,8 @@ class LLMPool:
                 self._threads -= work is _leave
             if work is _leave:
                 return
-            try:
+            with suppress(BaseException):  # a pool thread outlives what it ran
                 work()
-            except BaseException:  # noqa: BLE001 - a pool thread outlives what it ran
-                pass
             with self._lock:
                 surplus = self._threads - self._waiting > self.size  # started while others waited: not kept
                 self._threads -= surplus

@@ -3,6 +3,7 @@ A broken rule is a ContractViolation: `rule` a fixed sentence (safe for an optim
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import re
@@ -48,10 +49,8 @@ def _not_a_pair(value: Any) -> ContractViolation:
             "no return value", f"score returned None, not a pair {_PAIR}: does every path end in a return?", value
         )
     if inspect.isgenerator(value) or inspect.iscoroutine(value):
-        try:
-            value.close()  # never run to the end: closing it spares the user a "never awaited" warning
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # never run to the end: closing it spares a "never awaited" warning
+            value.close()
         if inspect.iscoroutine(value):
             return _violation("not a pair", "score returned a coroutine: define it with `def`, not `async def`", value)
         return _violation(

@@ -3,6 +3,7 @@ before any handler sees it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
 
@@ -21,11 +22,9 @@ class RedactingFilter(logging.Filter):
             return True
         record.msg, record.args = safe_text.for_terminal(secrets.redact(message)), None
         if record.exc_info and not record.exc_text:
-            try:
+            with contextlib.suppress(Exception):
                 record.exc_text = safe_text.for_terminal(
                     secrets.redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n")))
-            except Exception:
-                pass
         if record.stack_info:
             record.stack_info = secrets.redact(record.stack_info)
         return True

@@ -1,17 +1,22 @@
-"""The options of the public API, typed once: a misspelt or mistyped option is a type checker's error. Their
-defaults are `Metric`'s parameters; a test holds the two, and the table in docs/dspy.md, to the same names and types.
+"""The options of the public API and the types of what users hand it, typed once: a misspelt or mistyped option is
+a type checker's error. Their defaults are `Metric`'s parameters; a test holds the two, and the table in
+docs/dspy.md, to the same names and types.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
 from .values import unknown_option
 
 if TYPE_CHECKING:  # imported on first use (skynet_dspy.RayCluster): `import skynet_dspy` stays light
     from .isolation.ray_cluster import RayCluster
+
+MetricSource: TypeAlias = str | os.PathLike[str] | ModuleType | Callable[..., Any]
+"""A metric: a path to metric.py, an imported module defining `score`, a `score` function, or a loaded Metric."""
 
 ModelSpec: TypeAlias = Any
 """A model: a LiteLLM model string ("openai/gpt-4o-mini"), a dict of LiteLLM settings ({"model", "api_base",

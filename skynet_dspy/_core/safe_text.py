@@ -16,7 +16,6 @@ from typing import Any
 # bidirectional overrides and isolates that make text read otherwise than it is stored ("Trojan source"); the
 # plain direction marks (U+200E, U+200F) of right-to-left text are kept.
 _TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _NAMED = {"\r": "\\r", "\x0b": "\\v", "\x0c": "\\f", "\x08": "\\b", "\x00": "\\0"}
 # What a spreadsheet evaluates at the start of a cell (OWASP CSV injection): formulas, DDE, and the tab and
 # carriage return that some spreadsheets skip before reading one.
@@ -32,7 +31,7 @@ def valid_utf8(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return _SURROGATE.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
 
 

@@ -22,9 +22,8 @@ from cachetools import LRUCache
 from .._core import aio, secrets
 from .._core.call import CallRequest
 from .._core.logs import logger
-from .._core.options import Isolation, JudgeCache, MetricOptions, ModelSpec, check_names, names
+from .._core.options import Isolation, JudgeCache, MetricOptions, MetricSource, ModelSpec, check_names, names
 from .._core.scorer import Scorer
-from .._core.specs import MetricSource
 from .._core.types import Failure, JudgeUsage, MetricInfo, Outcome, ProgramUsage, Result
 from .._core.values import exception_text, whole_number
 from .._judge import Judge

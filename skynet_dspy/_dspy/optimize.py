@@ -13,8 +13,7 @@ from typing import Any, Unpack
 import dspy
 
 from .._core import secrets
-from .._core.options import DspyGEPAOptions, GEPAOptions, MetricOptions, ModelSpec, names
-from .._core.specs import MetricSource
+from .._core.options import DspyGEPAOptions, GEPAOptions, MetricOptions, MetricSource, ModelSpec, names
 from .._core.values import unknown_option
 from .._judge import endpoint
 from .budget import check_budget

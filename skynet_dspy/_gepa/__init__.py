@@ -8,8 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from .._core.options import ModelSpec, OptimizeAnythingOptions, ScoringOptions, names
-from .._core.specs import MetricSource
+from .._core.options import MetricSource, ModelSpec, OptimizeAnythingOptions, ScoringOptions, names
 from .._core.values import shorten, unknown_option
 from .._dspy import record
 from .._dspy.budget import check_budget

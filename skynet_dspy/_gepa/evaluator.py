@@ -15,8 +15,7 @@ from .._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_t
 from .._core.errors import MetricLoadError, SpendCapReached
 from .._core.isolation.runner import RunWorkers
 from .._core.isolation.sandbox import folders_of, sandbox_for
-from .._core.options import ModelSpec, ScoringOptions, check_names
-from .._core.specs import MetricSource
+from .._core.options import MetricSource, ModelSpec, ScoringOptions, check_names
 from .._core.types import Failure, Outcome, Result
 from .._core.values import exception_text, shorten
 from .._dspy import hooks, measure, translate

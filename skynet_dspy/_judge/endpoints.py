@@ -78,11 +78,9 @@ class Endpoint:
     def __init__(self, model: str, settings: Mapping[str, Any], role: str, api_key: str | None = None):
         self.model = model
         self.settings = Settings({k: v for k, v in settings.items() if k != "api_key"})
-        for name, value in self.settings.items():  # every credential setting is masked wherever it is written
-            if is_credential_setting(name):
+        for name, value in self.settings.items():  # every credential setting and header is masked wherever written
+            if is_credential_setting(name) or name in ("extra_headers", "headers"):
                 _register_all(value)
-            elif name in ("extra_headers", "headers") and isinstance(value, Mapping):
-                _register_all(list(value.values()))
         self.role = role
         self._api_key = api_key
         secrets.register(api_key)

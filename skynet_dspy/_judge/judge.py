@@ -5,17 +5,17 @@ call ends (context.CallScope) or the judge is closed, it is never sent or retrie
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Unpack
 
 from .._core import context, secrets
 from .._core.errors import NO_JUDGE_MODEL
 from .._core.logs import logger
-from .._core.options import JudgeCache, JudgeOptions, ModelSpec
+from .._core.options import JudgeCache, JudgeOptions, ModelSpec, check_names
 from .._core.types import JudgeUsage
 from .._core.values import (
     COMPLETION_TOKENS,
@@ -25,7 +25,6 @@ from .._core.values import (
     content_text,
     seconds,
     token_count,
-    unknown_option,
     whole_number,
 )
 from ..errors import LLMCallError, ModelNotConfigured, SpendCapReached
@@ -84,7 +83,7 @@ class Judge:
     ):
         self._in_flight = limits.InFlight(limits.checked_limit("judge_max_concurrency", max_concurrency))
         self._per_minute = limits.PerMinute(limits.checked_limit("judge_rpm", rpm))
-        self._requests: set[threading.Event] = set()  # the cancel events of requests in progress, for close()
+        self._open = context.CallScope()  # the requests in progress, ended by close()
         self.max_retries = whole_number("max_retries", max_retries)
         self.timeout = seconds("timeout", timeout)
         self.retry_base_delay = float(seconds("retry_base_delay", retry_base_delay) if retry_base_delay else 0)
@@ -94,12 +93,8 @@ class Judge:
         # max_judge_cost_usd=: once the measured spend reaches it, requests are refused (cache hits still answer)
         self.spend_cap = SpendCap("max_judge_cost_usd", max_cost_usd, "the judge") if max_cost_usd is not None else None
         self._lock = threading.Lock()
-        self._requests_sent = self._retries = self._failed = self._hits = self._active = 0  # _active: in progress
-        self._prompt_tokens = self._completion_tokens = 0
-        self._cost: float | None = 0.0  # None once a request's price is unknown
-        self._seconds = self._busy_since = 0.0  # wall-clock time with at least one request in progress
-
-    # -- configuration --------------------------------------------------------------------
+        self._usage = JudgeUsage()  # its seconds: wall-clock time with at least one of the _active requests running
+        self._active, self._busy_since = 0, 0.0
 
     @property
     def metric_lm(self) -> Endpoint | None:
@@ -126,15 +121,10 @@ class Judge:
     @property
     def configured(self) -> bool:
         """Whether llm() has a model to call (its own, or the one configure_llm() set)."""
-        return self._route(raise_missing=False) is not None
+        return self._route() is not None
 
-    def _route(self, raise_missing: bool = True) -> Endpoint | None:
-        found = self._metric or self._reflection or (_default._metric or _default._reflection if _default else None)
-        if found is None and raise_missing:
-            raise ModelNotConfigured(NO_JUDGE_MODEL)
-        return found
-
-    # -- the call -------------------------------------------------------------------------
+    def _route(self) -> Endpoint | None:
+        return self._metric or self._reflection or (_default._metric or _default._reflection if _default else None)
 
     def __call__(self, instructions: str, input: str | None, settings: dict[str, Any]) -> str:
         """llm()'s handler: the text for (instructions, input, settings)."""
@@ -147,32 +137,30 @@ class Judge:
         for this call. Identical requests are answered from the cache, and sent once when made at once.
         """
         check_llm_arguments(instructions, input, overrides)
-        cancelled, scope = threading.Event(), context.current_scope() or context.CallScope()
-        scope.watch(cancelled)
-        with self._lock:
-            self._requests.add(cancelled)
+        cancelled = threading.Event()
+        scopes = (context.current_scope() or context.CallScope(), self._open)
+        for scope in scopes:
+            scope.watch(cancelled)
         try:
             return self._complete(instructions, input, overrides, cancelled)
         except limits.Cancelled:
             raise LLMCallError("skynet.llm(): the request was not sent: its metric call had ended (scored, timed out "
                                "or stopped) or the metric was closed") from None
         finally:
-            scope.unwatch(cancelled)
-            with self._lock:
-                self._requests.discard(cancelled)
+            for scope in scopes:
+                scope.unwatch(cancelled)
 
     def close(self) -> None:
         """Cancel the requests in progress: none of them is sent or retried from now on (later requests are)."""
-        with self._lock:
-            requests, self._requests = self._requests, set()
-        for cancelled in requests:
-            cancelled.set()
+        closing, self._open = self._open, context.CallScope()
+        closing.end()
 
     def _complete(
         self, instructions: str, input: str | None, overrides: dict[str, Any], cancelled: threading.Event
     ) -> str:
         target = self._route()
-        assert target is not None
+        if target is None:
+            raise ModelNotConfigured(NO_JUDGE_MODEL)
         messages = [{"role": "user", "content": instructions}] if input is None else [
             {"role": "system", "content": instructions}, {"role": "user", "content": input}]
         settings = {key: value for key, value in overrides.items() if value is not None}
@@ -183,7 +171,7 @@ class Judge:
         text = self.cache.lead_or_wait(key, self.timeout, cancelled)  # None: this thread sends it
         if text is not None:
             with self._lock:
-                self._hits += 1
+                self._usage += JudgeUsage(cache_hits=1)
             return text
         try:
             text = self._send(target, request, cancelled)
@@ -213,7 +201,7 @@ class Judge:
                         _sleep(self._retry_delay(target, exc, attempt, state), cancelled)
             except LLMCallError:
                 with self._lock:
-                    self._failed += 1
+                    self._usage += JudgeUsage(failed=1)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
@@ -228,7 +216,8 @@ class Judge:
         finally:
             with self._lock:
                 self._active -= 1
-                self._seconds += 0.0 if self._active else time.perf_counter() - self._busy_since
+                if not self._active:
+                    self._usage += JudgeUsage(seconds=time.perf_counter() - self._busy_since)
 
     def _attempt(self, litellm: Any, target: Endpoint, request: dict[str, Any], state: limits.EndpointState,
                  cancelled: threading.Event, attempt: int) -> str:
@@ -250,8 +239,7 @@ class Judge:
             if cancelled.is_set():
                 raise limits.Cancelled
             with self._lock:
-                self._requests_sent += 1
-                self._retries += attempt > 1
+                self._usage += JudgeUsage(calls=1, retries=int(attempt > 1))
             with context.judging(), no_banner(litellm):
                 response = litellm.completion(**request)
         finally:
@@ -286,9 +274,7 @@ class Judge:
         if self.spend_cap is not None and reserved is not None:
             self.spend_cap.charge(cost, f"no price known for model {model}", reserved)
         with self._lock:
-            self._prompt_tokens += prompt
-            self._completion_tokens += completion
-            self._cost = None if self._cost is None or cost is None else self._cost + cost
+            self._usage += JudgeUsage(prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost)
         return text
 
     def _retry_delay(self, target: Endpoint, exc: Exception, attempt: int, state: limits.EndpointState) -> float:
@@ -314,17 +300,12 @@ class Judge:
                     attempt + 1, self.max_retries + 1)
         return delay
 
-    # -- what the user reads ----------------------------------------------------------------
-
     @property
     def usage(self) -> JudgeUsage:
         """A snapshot of the judge's usage through this object so far."""
         with self._lock:
             running = time.perf_counter() - self._busy_since if self._active else 0.0
-            return JudgeUsage(calls=self._requests_sent, retries=self._retries, failed=self._failed,
-                              cache_hits=self._hits, prompt_tokens=self._prompt_tokens,
-                              completion_tokens=self._completion_tokens, cost_usd=self._cost,
-                              seconds=self._seconds + running)
+            return replace(self._usage, seconds=self._usage.seconds + running)
 
     def __repr__(self) -> str:
         cache = self.cache.where if self.cache is not None else "off"
@@ -389,10 +370,7 @@ def configure_llm(
         The new process-default Judge (read `.usage` on it).
     """
     global _default
-    known = list(inspect.signature(Judge).parameters)
-    for name in options:
-        if name not in known:
-            raise unknown_option("configure_llm()", name, known)
+    check_names("configure_llm()", options, JudgeOptions)
     judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=cache, **options)
     _default = judge if judge.metric_lm or judge.reflection_lm else None
     context.set_default_llm(_default)

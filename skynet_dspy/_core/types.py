@@ -315,6 +315,11 @@ class JudgeUsage(Usage):
         """HTTP requests sent to the judge model, retries included: `calls` by the judge's own name."""
         return self.calls
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready), `calls` named `requests`, with total_tokens."""
+        plain = {("requests" if name == "calls" else name): getattr(self, name) for name in self.__dataclass_fields__}
+        return {**plain, "total_tokens": self.total_tokens}
+
 
 @dataclass(frozen=True, slots=True)
 class MetricInfo:

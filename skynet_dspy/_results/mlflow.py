@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
@@ -69,9 +68,9 @@ def log_to_mlflow(
         if report is not None:
             metrics |= _log_report(mlflow, report, target)
         if metric is not None:
-            judge = asdict(metric.judge_usage)
-            judge["requests"] = judge.pop("calls")  # a JudgeUsage counts requests in the calls field of Usage
-            metrics |= _flat("judge", {**judge, "tokens": metric.judge_usage.total_tokens})
+            judge = metric.judge_usage.to_dict()
+            judge["tokens"] = judge.pop("total_tokens")
+            metrics |= _flat("judge", judge)
         if contract is not None:
             metrics |= _log_contract(mlflow, contract, target)
         _log_finite(mlflow, metrics, target)

@@ -127,8 +127,7 @@ class CostReceipt:
             return None if part is None else {**asdict(part), "total_tokens": part.total_tokens}
 
         return {
-            "program": usage(self.program), "judge": {**asdict(self.judge), "requests": self.judge.requests,
-                                                     "total_tokens": self.judge.total_tokens},
+            "program": usage(self.program), "judge": self.judge.to_dict(),
             "reflection": usage(self.reflection),
             "total_usd": self.total_usd, "seconds": self.seconds, "metric": self.metric,
             "metric_calls": self.metric_calls, "memo_hits": self.memo_hits, "failures": dict(self.failures),

@@ -244,9 +244,15 @@ class Metric:
     def _observation(self, pred: Any) -> tuple[Any, str | None]:
         """The measured run that made `pred`, warning once when it is uncapped or was not measured."""
         observation, reason = measurement.observation_for(pred)
-        if observation is not None and self.program_cap is not None and not self._warned_uncapped \
-                and not measurement.cap_in_scope(self.program_cap):
-            self._warn_uncapped()
+        cap = self.program_cap
+        if observation is not None and cap is not None and not self._warned_uncapped \
+                and not measurement.cap_in_scope(cap):
+            self._warned_uncapped = True
+            logger.warning(
+                "skynet-dspy: %s scored a run of the program made outside its optimization, so "
+                "max_program_cost_usd=%g neither counted nor refused its model calls (it governs skynet_dspy.gepa()'s "
+                "compile and optimize_anything(); wrap a hand-built dspy.Evaluate or dspy.GEPA in "
+                "`with metric.capping():`). Said once per metric.", self.name, cap.limit_usd)
         if observation is None and not self._warned_unmeasured:
             self._warned_unmeasured = True
             logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
@@ -350,13 +356,15 @@ class Metric:
     @property
     def spend(self) -> dict[str, Spend]:
         """The spending caps set (max_judge_cost_usd, max_program_cost_usd): dollars measured, limit, refusals."""
-        caps = (self.judge.spend_cap, self.program_cap)
-        return {cap.option: cap.snapshot() for cap in caps if cap is not None}
+        return {cap.option: cap.snapshot() for cap in self._caps()}
 
     @property
     def spend_cap_reached(self) -> bool:
         """Whether a spending cap of this metric is reached (no more of those model calls are made)."""
-        return any(cap.reached for cap in (self.judge.spend_cap, self.program_cap) if cap is not None)
+        return any(cap.reached for cap in self._caps())
+
+    def _caps(self) -> list[SpendCap]:
+        return [cap for cap in (self.judge.spend_cap, self.program_cap) if cap is not None]
 
     @contextmanager
     def capping(self) -> Iterator[None]:
@@ -368,16 +376,6 @@ class Metric:
         """
         with measurement.program_caps(self.program_cap):
             yield
-
-    def _warn_uncapped(self) -> None:
-        self._warned_uncapped = True
-        logger.warning(
-            "skynet-dspy: %s scored a run of the program made outside its optimization, so max_program_cost_usd=%g "
-            "neither counted nor refused its model calls (it governs skynet_dspy.gepa()'s compile and "
-            "optimize_anything(); wrap a hand-built dspy.Evaluate or dspy.GEPA in `with metric.capping():`). "
-            "Said once per metric.",
-            self.name, self.program_cap.limit_usd if self.program_cap is not None else 0.0,
-        )
 
     @property
     def stop_callback(self) -> Callable[[Any], bool]:

@@ -34,9 +34,8 @@ from .steady import OWN, WAIT, anchors
 __all__ = ["cap_in_scope", "install", "installed", "measure", "measured_program", "observation_for", "program_caps"]
 
 # The program caps (max_program_cost_usd=) in scope: a run takes those where it starts, and its model calls are
-# checked against them before they are made and charged after. Carried in DSPy's context too, which DSPy copies
-# into the threads it starts (dspy.Evaluate, dspy.Parallel), as is the run in progress.
-_caps: ContextVar[tuple[SpendCap, ...]] = ContextVar("skynet_program_caps", default=())
+# checked against them before they are made and charged after. Carried in DSPy's context (a ContextVar), which DSPy
+# copies into the threads it starts (dspy.Evaluate, dspy.Parallel), as is the run in progress.
 _CAPS_KEY = "skynet_program_caps"
 _RUN_KEY = "skynet_measured_run"
 
@@ -44,7 +43,7 @@ _RUN_KEY = "skynet_measured_run"
 def _scoped_caps() -> tuple[SpendCap, ...]:
     import dspy
 
-    return _caps.get() or dspy.settings.get(_CAPS_KEY) or ()
+    return dspy.settings.get(_CAPS_KEY) or ()
 
 
 def cap_in_scope(cap: SpendCap) -> bool:
@@ -61,13 +60,8 @@ def program_caps(cap: SpendCap | None) -> Iterator[None]:
     import dspy
 
     install()
-    caps = (*_scoped_caps(), cap)
-    token = _caps.set(caps)
-    try:
-        with dspy.context(**{_CAPS_KEY: caps}):
-            yield
-    finally:
-        _caps.reset(token)
+    with dspy.context(**{_CAPS_KEY: (*_scoped_caps(), cap)}):
+        yield
 
 
 @dataclass(slots=True)

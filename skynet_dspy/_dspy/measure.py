@@ -409,13 +409,14 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
     for cap in run.caps:
         cap.check()  # SpendCapReached once a cap of the run's optimization is reached
     box: list[Any] = []
-    spent = [0.0]
-    counting, pricing = _counting.set(True), _pricing.set(spent)
-    cpu, started = time.thread_time(), time.perf_counter()
+
     def done(result: Any) -> Any:
         box.append(result)
         return result
 
+    spent = [0.0]
+    counting, pricing = _counting.set(True), _pricing.set(spent)
+    cpu, started = time.thread_time(), time.perf_counter()
     try:
         yield done
     finally:

@@ -158,8 +158,8 @@ class Metric:
                 "max_program_cost_usd= caps the program's measured model cost, and measure=False turns measurement "
                 "off; leave measure= out (a program cap turns it on) or drop the cap"
             )
-        program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
-                       if max_program_cost_usd is not None else None)
+        self.program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
+                            if max_program_cost_usd is not None else None)
         self.judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache,
                            cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd,
                            max_concurrency=judge_max_concurrency, rpm=judge_rpm)
@@ -169,14 +169,12 @@ class Metric:
             worker_max_calls=worker_max_calls, worker_max_memory=worker_max_memory,
             sandbox=sandbox, sandbox_network=sandbox_network,
         )
-        self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
-        self.program_cap = program_cap
-        if program_cap is not None:
-            self.measuring = True  # the cap governs the runs of this metric's optimizations only (capping())
+        # a program cap measures the runs of this metric's optimizations (capping())
+        self.measuring = self.program_cap is not None or (
+            bool(measure) if measure is not None else self.scorer.info.uses_measurement)
         if self.measuring:
             measurement.install()
-        self._memo: LRUCache[tuple[int, int], _MemoEntry] = LRUCache(max(1, memo_size))
-        self._memo_size = memo_size
+        self._memo: LRUCache[tuple[int, int], _MemoEntry] | None = LRUCache(memo_size) if memo_size else None
         self._memo_lock = threading.Lock()
         self._warned_uncapped = False
         self._warned_unmeasured = False
@@ -202,14 +200,14 @@ class Metric:
         """
         key = (id(gold), id(pred))
         with self._memo_lock:
-            entry = self._memo.get(key)
+            entry = self._memo.get(key) if self._memo is not None else None
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
         else:
             gold_fields, pred_fields = _snapshot(gold), _snapshot(pred)
             result, output = self._score_dspy(gold, pred, gold_fields, pred_fields)
             entry = _MemoEntry(gold, pred, gold_fields, pred_fields, result, output)
-            if self._memo_size and result.failure not in _RETRIED:
+            if self._memo is not None and result.failure not in _RETRIED:
                 with self._memo_lock:
                     self._memo[key] = entry
         return Score(entry.result.copy())._with(entry.output, self.success_threshold)

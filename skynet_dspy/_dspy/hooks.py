@@ -20,6 +20,7 @@ GEPA no longer offers, _judge/litellm_private.py's included (tests/unit/dspy/tes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -122,8 +123,10 @@ def inside_a_module() -> bool:
 # -- DSPy's LM execution (checked against dspy 3.4.1) --------------------------------------------------------
 
 
-def wrap_dspy_execution(wrap: Wrap) -> bool:
-    """Replace dspy.clients.execution.execute / aexecute with `wrap(original, asynchronous)`; False without them.
+def wrap_dspy_execution(wrap: Wrap, time_apart: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+                        ) -> bool:
+    """Replace dspy.clients.execution.execute / aexecute with `wrap(original, asynchronous)`, and execute()'s engine,
+    cache and pricing steps (PRICING) with `time_apart(original)`; False without them.
 
     Every LM call of a program passes there (DSPy 3.4's native engines never reach LiteLLM); LM.forward imports
     them at call time, so the module attribute is what it calls.
@@ -133,17 +136,10 @@ def wrap_dspy_execution(wrap: Wrap) -> bool:
     except ImportError:
         return False
     _wrap_calls(execution, wrap, (("execute", False), ("aexecute", True)))
-    return True
-
-
-def wrap_dspy_pricing(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace execute()'s engine, cache and pricing steps (PRICING) with `wrap(original)`, to time them apart."""
-    try:
-        from dspy.clients import execution
-    except ImportError:
-        return
     for name in PRICING:
-        _replace(execution, name, wrap)
+        if time_apart is not None:
+            _replace(execution, name, time_apart)
+    return True
 
 
 def warm_dspy_pricing() -> None:
@@ -155,10 +151,8 @@ def warm_dspy_pricing() -> None:
         return
 
     def warm() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the first model call will say what is wrong
             _load()
-        except Exception:  # the first model call will say what is wrong
-            pass
 
     if os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "").lower() == "true":
         warm()

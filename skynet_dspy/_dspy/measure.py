@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,9 +34,8 @@ from .steady import OWN, WAIT, anchors
 __all__ = ["cap_in_scope", "install", "installed", "measure", "measured_program", "observation_for", "program_caps"]
 
 # The program caps (max_program_cost_usd=) in scope: a run takes those where it starts, and its model calls are
-# checked against them before they are made and charged after. Carried in DSPy's context too, which DSPy copies
-# into the threads it starts (dspy.Evaluate, dspy.Parallel), as is the run in progress.
-_caps: ContextVar[tuple[SpendCap, ...]] = ContextVar("skynet_program_caps", default=())
+# checked against them before they are made and charged after. Carried in DSPy's context (a ContextVar), which DSPy
+# copies into the threads it starts (dspy.Evaluate, dspy.Parallel), as is the run in progress.
 _CAPS_KEY = "skynet_program_caps"
 _RUN_KEY = "skynet_measured_run"
 
@@ -44,7 +43,7 @@ _RUN_KEY = "skynet_measured_run"
 def _scoped_caps() -> tuple[SpendCap, ...]:
     import dspy
 
-    return _caps.get() or dspy.settings.get(_CAPS_KEY) or ()
+    return dspy.settings.get(_CAPS_KEY) or ()
 
 
 def cap_in_scope(cap: SpendCap) -> bool:
@@ -61,13 +60,8 @@ def program_caps(cap: SpendCap | None) -> Iterator[None]:
     import dspy
 
     install()
-    caps = (*_scoped_caps(), cap)
-    token = _caps.set(caps)
-    try:
-        with dspy.context(**{_CAPS_KEY: caps}):
-            yield
-    finally:
-        _caps.reset(token)
+    with dspy.context(**{_CAPS_KEY: (*_scoped_caps(), cap)}):
+        yield
 
 
 @dataclass(slots=True)
@@ -192,10 +186,31 @@ def measure(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Obs
     return value, run.finish()
 
 
+_Around = Callable[[tuple[Any, ...], dict[str, Any], bool], AbstractContextManager[Callable[[Any], Any]]]
+
+
+def _around(enter: _Around, original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:
+    """`original` (sync or async) called inside `enter(args, kwargs, asynchronous)`, which yields done(result):
+    measurement's wrappers of module calls and of model calls."""
+    if asynchronous:
+
+        async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+            with enter(args, kwargs, True) as done:
+                return done(await original(*args, **kwargs))
+
+        return wrapped_async
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with enter(args, kwargs, False) as done:
+            return done(original(*args, **kwargs))
+
+    return wrapped
+
+
 @contextmanager
-def _module_run(module: Any) -> Iterator[Callable[[Any], Any]]:
-    """Around a module call: yields done(outputs), which files the run the call started (when it is the outermost
-    one, not the judge's, not joining a run DSPy carried into its thread) and returns the outputs."""
+def _module_run(args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool) -> Iterator[Callable[[Any], Any]]:
+    """Around a module call (`args[0]` the module): yields done(outputs), which files the run the call started (when
+    it is the outermost one, not the judge's, not joining a run DSPy carried into its thread) and returns them."""
     import dspy
 
     run = token = None
@@ -204,7 +219,7 @@ def _module_run(module: Any) -> Iterator[Callable[[Any], Any]]:
         if isinstance(joined, _Run):
             token = _run.set(joined)
         elif not hooks.inside_a_module():
-            run = _Run(_program_key(module))
+            run = _Run(_program_key(args[0]))
             token = _run.set(run)
 
     def done(outputs: Any) -> Any:
@@ -218,23 +233,6 @@ def _module_run(module: Any) -> Iterator[Callable[[Any], Any]]:
     finally:
         if token is not None:
             _run.reset(token)
-
-
-def _timed_module_call(original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:
-    """dspy.Module.__call__ (or acall) timing the outermost module call: the program's run on one example."""
-    if asynchronous:
-
-        async def measured_acall(module: Any, /, *args: Any, **kwargs: Any) -> Any:
-            with _module_run(module) as done:
-                return done(await original(module, *args, **kwargs))
-
-        return measured_acall
-
-    def measured_call(module: Any, /, *args: Any, **kwargs: Any) -> Any:
-        with _module_run(module) as done:
-            return done(original(module, *args, **kwargs))
-
-    return measured_call
 
 
 def _program_key(program: Any) -> str:
@@ -253,7 +251,7 @@ def measured_program(program: Any) -> Any:
 
     if not installed() or isinstance(program, dspy.Module) or not callable(program):
         return program
-    timed = _timed_module_call(lambda _program, *args, **kwargs: program(*args, **kwargs), False)
+    timed = _around(_module_run, lambda _program, *args, **kwargs: program(*args, **kwargs), False)
     return functools.wraps(program)(functools.partial(timed, program))
 
 
@@ -268,9 +266,8 @@ def install() -> None:
         return
     with _install_lock:
         if not _installed:
-            hooks.wrap_module_calls(_timed_module_call)
-            hooks.wrap_dspy_execution(_counted(_count_dspy_result))
-            hooks.wrap_dspy_pricing(_timed_pricing)
+            hooks.wrap_module_calls(functools.partial(_around, _module_run))  # times a program's run on one example
+            hooks.wrap_dspy_execution(_counted(_count_dspy_result), _timed_pricing)
             hooks.warm_dspy_pricing()
             hooks.wrap_litellm(_counted(_count_litellm_response))
             _installed = True
@@ -402,21 +399,26 @@ _Count = Callable[[_Run, Any, _Call], None]
 
 
 @contextmanager
-def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> Iterator[list[Any]]:
-    """Around a model call: the result put in the yielded list is counted to the run in progress, once (not the
+def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> Iterator[Callable[[Any], Any]]:
+    """Around a model call: yields done(result), and the result is counted to the run in progress, once (not the
     calls underneath), checked against the run's caps first, timed by itself (DSPy's pricing left out)."""
     run = None if _counting.get() or context.is_judging() else _run.get()
-    box: list[Any] = []
     if run is None:
-        yield box
+        yield _as_is
         return
     for cap in run.caps:
         cap.check()  # SpendCapReached once a cap of the run's optimization is reached
+    box: list[Any] = []
+
+    def done(result: Any) -> Any:
+        box.append(result)
+        return result
+
     spent = [0.0]
     counting, pricing = _counting.set(True), _pricing.set(spent)
     cpu, started = time.thread_time(), time.perf_counter()
     try:
-        yield box
+        yield done
     finally:
         _counting.reset(counting)
         _pricing.reset(pricing)
@@ -430,24 +432,10 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
         run.overhead += time.perf_counter() - ended
 
 
+def _as_is(result: Any) -> Any:
+    return result
+
+
 def _counted(count: _Count) -> hooks.Wrap:
     """A wrapper factory for model calls: each counted by `count` to the run in progress (_counted_call)."""
-
-    def wrap(original: Callable[..., Any], asynchronous: bool) -> Callable[..., Any]:
-        if asynchronous:
-
-            async def counted_async(*args: Any, **kwargs: Any) -> Any:
-                with _counted_call(count, args, kwargs, True) as box:
-                    box.append(await original(*args, **kwargs))
-                return box[0]
-
-            return counted_async
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            with _counted_call(count, args, kwargs, False) as box:
-                box.append(original(*args, **kwargs))
-            return box[0]
-
-        return counted
-
-    return wrap
+    return functools.partial(_around, functools.partial(_counted_call, count))

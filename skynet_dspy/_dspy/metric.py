@@ -157,8 +157,8 @@ class Metric:
                 "max_program_cost_usd= caps the program's measured model cost, and measure=False turns measurement "
                 "off; leave measure= out (a program cap turns it on) or drop the cap"
             )
-        program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
-                       if max_program_cost_usd is not None else None)
+        self.program_cap = (SpendCap("max_program_cost_usd", max_program_cost_usd, "the program")
+                            if max_program_cost_usd is not None else None)
         self.judge = Judge(metric_lm=metric_lm, reflection_lm=reflection_lm, cache=judge_cache,
                            cache_size=judge_cache_size, max_cost_usd=max_judge_cost_usd,
                            max_concurrency=judge_max_concurrency, rpm=judge_rpm)
@@ -168,14 +168,12 @@ class Metric:
             worker_max_calls=worker_max_calls, worker_max_memory=worker_max_memory,
             sandbox=sandbox, sandbox_network=sandbox_network,
         )
-        self.measuring = bool(measure) if measure is not None else self.scorer.info.uses_measurement
-        self.program_cap = program_cap
-        if program_cap is not None:
-            self.measuring = True  # the cap governs the runs of this metric's optimizations only (capping())
+        # a program cap measures the runs of this metric's optimizations (capping())
+        self.measuring = self.program_cap is not None or (
+            bool(measure) if measure is not None else self.scorer.info.uses_measurement)
         if self.measuring:
             measurement.install()
-        self._memo: LRUCache[tuple[int, int], _MemoEntry] = LRUCache(max(1, memo_size))
-        self._memo_size = memo_size
+        self._memo: LRUCache[tuple[int, int], _MemoEntry] | None = LRUCache(memo_size) if memo_size else None
         self._memo_lock = threading.Lock()
         self._warned_uncapped = False
         self._warned_unmeasured = False
@@ -201,14 +199,14 @@ class Metric:
         """
         key = (id(gold), id(pred))
         with self._memo_lock:
-            entry = self._memo.get(key)
+            entry = self._memo.get(key) if self._memo is not None else None
         if entry is not None and entry.still_holds(gold, pred):
             self.scorer.count("memo_hits")
         else:
             gold_fields, pred_fields = _snapshot(gold), _snapshot(pred)
             result, output = self._score_dspy(gold, pred, gold_fields, pred_fields)
             entry = _MemoEntry(gold, pred, gold_fields, pred_fields, result, output)
-            if self._memo_size and result.failure not in _RETRIED:
+            if self._memo is not None and result.failure not in _RETRIED:
                 with self._memo_lock:
                     self._memo[key] = entry
         return Score(entry.result.copy())._with(entry.output, self.success_threshold)
@@ -243,9 +241,15 @@ class Metric:
     def _observation(self, pred: Any) -> tuple[Any, str | None]:
         """The measured run that made `pred`, warning once when it is uncapped or was not measured."""
         observation, reason = measurement.observation_for(pred)
-        if observation is not None and self.program_cap is not None and not self._warned_uncapped \
-                and not measurement.cap_in_scope(self.program_cap):
-            self._warn_uncapped()
+        cap = self.program_cap
+        if observation is not None and cap is not None and not self._warned_uncapped \
+                and not measurement.cap_in_scope(cap):
+            self._warned_uncapped = True
+            logger.warning(
+                "skynet-dspy: %s scored a run of the program made outside its optimization, so "
+                "max_program_cost_usd=%g neither counted nor refused its model calls (it governs skynet_dspy.gepa()'s "
+                "compile and optimize_anything(); wrap a hand-built dspy.Evaluate or dspy.GEPA in "
+                "`with metric.capping():`). Said once per metric.", self.name, cap.limit_usd)
         if observation is None and not self._warned_unmeasured:
             self._warned_unmeasured = True
             logger.warning("skynet-dspy: %s scored a run that was not measured (speed and cost count as 0): %s. "
@@ -349,13 +353,15 @@ class Metric:
     @property
     def spend(self) -> dict[str, Spend]:
         """The spending caps set (max_judge_cost_usd, max_program_cost_usd): dollars measured, limit, refusals."""
-        caps = (self.judge.spend_cap, self.program_cap)
-        return {cap.option: cap.snapshot() for cap in caps if cap is not None}
+        return {cap.option: cap.snapshot() for cap in self._caps()}
 
     @property
     def spend_cap_reached(self) -> bool:
         """Whether a spending cap of this metric is reached (no more of those model calls are made)."""
-        return any(cap.reached for cap in (self.judge.spend_cap, self.program_cap) if cap is not None)
+        return any(cap.reached for cap in self._caps())
+
+    def _caps(self) -> list[SpendCap]:
+        return [cap for cap in (self.judge.spend_cap, self.program_cap) if cap is not None]
 
     @contextmanager
     def capping(self) -> Iterator[None]:
@@ -367,16 +373,6 @@ class Metric:
         """
         with measurement.program_caps(self.program_cap):
             yield
-
-    def _warn_uncapped(self) -> None:
-        self._warned_uncapped = True
-        logger.warning(
-            "skynet-dspy: %s scored a run of the program made outside its optimization, so max_program_cost_usd=%g "
-            "neither counted nor refused its model calls (it governs skynet_dspy.gepa()'s compile and "
-            "optimize_anything(); wrap a hand-built dspy.Evaluate or dspy.GEPA in `with metric.capping():`). "
-            "Said once per metric.",
-            self.name, self.program_cap.limit_usd if self.program_cap is not None else 0.0,
-        )
 
     @property
     def stop_callback(self) -> Callable[[Any], bool]:

@@ -9,6 +9,7 @@ evaluation) is not counted.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -268,15 +269,10 @@ def attach(target: Any, record: RunRecord | None) -> Any:
     """
     if target is None or record is None:
         return target
-    try:
+    with contextlib.suppress(TypeError):  # an object that takes no weak reference: the attribute alone
         _records.put(target, record)
-    except TypeError:  # an object that takes no weak reference: the attribute alone, where it can be set
-        pass
-    if not _is_frozen(target):
-        try:
-            setattr(target, ATTRIBUTE, record)
-        except (AttributeError, TypeError):
-            pass
+    with contextlib.suppress(AttributeError, TypeError):  # a frozen dataclass raises FrozenInstanceError
+        setattr(target, ATTRIBUTE, record)
     return target
 
 
@@ -289,18 +285,11 @@ def record_of(target: Any) -> RunRecord | None:
     return value if isinstance(value, RunRecord) else None
 
 
-def _is_frozen(target: Any) -> bool:
-    params = getattr(type(target), "__dataclass_params__", None)
-    return bool(getattr(params, "frozen", False))
-
-
 def program_models(student: Any) -> list[Any]:
     """The models a DSPy program runs on: DSPy's configured LM and any LM set on one of its predictors."""
     import dspy
 
     models = [dspy.settings.lm]
-    try:
+    with contextlib.suppress(Exception):  # not a dspy.Module: nothing more to find
         models += [getattr(predictor, "lm", None) for _, predictor in student.named_predictors()]
-    except Exception:  # not a dspy.Module: nothing more to find
-        pass
     return [model for model in models if model is not None]

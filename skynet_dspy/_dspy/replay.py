@@ -1,19 +1,15 @@
-"""What a model call used when it was first made, kept by its cache key, so a cache hit is measured as that call.
+"""What a model call used when first made, kept by its cache key, so a cache hit (DSPy's or LiteLLM's) is measured
+as the call it replays: a program's measured cost and time must not depend on cache luck.
 
-A program's measured cost and time must not depend on cache luck: a call DSPy (or LiteLLM) answers from its
-cache costs nothing and takes no time now, but it stands for the call it replays. Each call a measured run makes
-is remembered here under the key its cache uses; a hit is then counted with the first call's tokens, cost and
-latency. The figures live in a bounded map in memory and, when DSPy's disk cache is on, in a small store beside
-it (`<DSPy's cache folder>/skynet_dspy_call_figures`), so a hit on an answer cached by an earlier process
-replays the same figures. Hand-written: no library keeps figures beside another library's cache entries. The store
-holds JSON text only, in a folder private to the user, through the judge cache's JSON-only diskcache Disk: a
-planted pickle is a miss with a warning, never code.
+The figures live in a bounded map in memory and, when DSPy's disk cache is on, in a store beside it
+(`<DSPy's cache folder>/skynet_dspy_call_figures`), so a hit on an answer an earlier process cached replays the same
+figures. The store holds JSON text only, through the judge cache's JSON-only diskcache Disk, in a folder private to
+the user: a planted pickle is a miss with a warning, never code.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,7 +56,7 @@ class Replay:
             try:
                 disk.set(key, json.dumps(asdict(figures)))  # text, never a pickle: the folder may be shared
             except Exception as exc:  # a full or locked disk: memory still has it
-                logging.getLogger("skynet_dspy").debug("skynet-dspy: call figures not stored on disk: %s", exc)
+                logger.debug("skynet-dspy: call figures not stored on disk: %s", exc)
 
     def recall(self, key: str, folder: str | None = None) -> CallFigures | None:
         with self._lock:
@@ -93,11 +89,6 @@ class Replay:
             if folder not in self._disks:
                 self._disks[folder] = _open(folder)
             return self._disks[folder]
-
-    def forget(self) -> None:
-        """Forget what memory holds (the disk store stays); for tests and long sessions."""
-        with self._lock:
-            self._memory.clear()
 
 
 def _open(folder: str) -> Any:

@@ -119,12 +119,8 @@ class Score(dspy.Prediction, float):
 
     __str__ = __repr__
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy.copy (the same Result, the same output)
         return (_rebuilt, (self._result, self._output if self._has_output else _NO_OUTPUT, self._threshold))
-
-    def __copy__(self) -> Score:
-        output = self._output if self._has_output else _NO_OUTPUT
-        return Score(self._result)._with(output, self._threshold)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Score:
         output = copy.deepcopy(self._output, memo) if self._has_output else _NO_OUTPUT

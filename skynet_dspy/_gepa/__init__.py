@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["Evaluator", "ExampleLoader", "example_loaders", "load_run", "make_evaluator", "optimize_anything",
            "reflection_callable", "split_row"]
 
-# The load_metric() options optimize_anything() takes (run() returns the output; the models are its own arguments)
-METRIC_OPTIONS = names(ScoringOptions)
 _REFUSED = {
     "capture_stdio": "it would show everything the metric and run print (expected values included) "
     "to the reflection model; write what it should see into the feedback instead",
@@ -162,9 +160,8 @@ def _gepa_config(
     engine = {"seed": rng_seed, "cache_evaluation": True, **groups["engine"]}
     if max_metric_calls is not None:
         engine["max_metric_calls"] = max_metric_calls
-    top = groups["top"]
-    if metric.spend:  # a spending cap: GEPA stops once it is reached, keeping the best candidate so far
-        top["stop_callbacks"] = stop_callbacks_with_caps(top.get("stop_callbacks"), metric)
+    top = groups["top"]  # with a spending cap, GEPA stops once it is reached, keeping the best candidate so far
+    top["stop_callbacks"] = stop_callbacks_with_caps(top.get("stop_callbacks"), metric)
     if top.get("merge") is True:
         top["merge"] = oa.MergeConfig()
     elif top.get("merge") is False:
@@ -186,7 +183,7 @@ def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "reflection": {f.name for f in dataclasses.fields(oa.ReflectionConfig)} - {"reflection_lm"},
         "tracking": {f.name for f in dataclasses.fields(oa.TrackingConfig)},
         "top": {"merge", "refiner", "callbacks", "stop_callbacks"},
-        "metric": set(METRIC_OPTIONS),
+        "metric": set(names(ScoringOptions)),  # load_metric()'s, but the output's (run() returns it) and the models
     }
     groups: dict[str, dict[str, Any]] = {name: {} for name in fields}
     unknown = []

@@ -252,15 +252,14 @@ def make_evaluator(
         judge_fallback = reflection_lm if isinstance(reflection_lm, (str, Mapping)) or is_lm(reflection_lm) else None
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options)
     owns = loaded is not metric
-    if run_isolation == "thread":
-        return Evaluator(run_fn, loaded, owns_metric=owns)
     try:
-        return Evaluator(run_fn, loaded, _run_workers(run, run_fn, loaded, run_timeout, run_isolation == "sandbox"),
-                         owns_metric=owns)
+        workers = None if run_isolation == "thread" else _run_workers(
+            run, run_fn, loaded, run_timeout, run_isolation == "sandbox")
     except BaseException:
-        if loaded is not metric:  # loaded here: its workers are not left behind
+        if owns:  # loaded here: its workers are not left behind
             loaded.close()
         raise
+    return Evaluator(run_fn, loaded, workers, owns_metric=owns)
 
 
 def _run_workers(

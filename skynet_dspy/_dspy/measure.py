@@ -328,12 +328,13 @@ def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
 
 
 def _first_of_its_model(figures: CallFigures, model: Any) -> CallFigures:
-    """`figures`, marked when they are of the first call of its kind in this process (see steady.at_most)."""
-    return figures if anchors.known(_kind(model, figures)) else replace(figures, first=True)
+    """`figures`, marked when made while its kind's anchor was not fixed yet (see steady.at_most)."""
+    return replace(figures, first=True) if anchors.warming(_kind(model, figures)) else figures
 
 
 def _replayed(key: str | None, folder: str | None, model: Any) -> CallFigures | None:
-    """The figures a cache hit replays; a process's first call's latency no higher than its kind's now."""
+    """The figures a cache hit replays; a latency measured while its kind warmed up (a first connection) no
+    higher than its kind's anchor now."""
     found = replay.recall(key, folder) if key is not None else None
     if found is not None and found.first:
         found = replace(found, latency_ms=anchors.at_most(_kind(model, found), found.latency_ms))

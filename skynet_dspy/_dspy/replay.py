@@ -28,7 +28,7 @@ FOLDER = "skynet_dspy_call_figures"
 @dataclass(frozen=True, slots=True)
 class CallFigures:
     """One model call as first made: provider calls, tokens, cost (None: unknown, `unpriced` says why), latency;
-    `first`: the first call to its model in its process (its latency held a connection's set-up)."""
+    `first`: made while its kind's anchor was not fixed yet (its latency may hold a connection's set-up)."""
 
     calls: int
     prompt_tokens: int

@@ -2,12 +2,12 @@
 
 A model call's latency and a program's own work vary between identical runs (20-50% for single calls on a loaded
 machine); GEPA, comparing candidates by a strict "greater than", would take that noise for an improvement. Each kind
-of time keeps an anchor, the first time seen: a time within the noise band around its anchor (a fraction of it, or
-a floor in ms, whichever is larger) is reported as the anchor. A time beyond the band above is reported as measured,
-so real extra work or a slower provider shows; a time beyond the band below moves the anchor, so a first run's
-large warm-up is left behind. Small moves are what a band must not make: an anchor moved down by a few ms while a
-candidate is scored would make it look faster than the parent scored a moment before with the same work.
-A model call's kind is its model and answer size (measure._kind); a program's own work, its class.
+of time keeps an anchor: the fastest of its first WARM_UP times (so a first connection is left behind), then fixed
+for the process. A time up to the noise band above its anchor (a fraction of it, or a floor in ms, whichever is
+larger), or below it, is reported as the anchor; a time beyond the band is reported as measured, so real extra work
+or a slower provider shows. An anchor never moves down once fixed: a move by a few ms while GEPA scores a candidate
+would make it look faster than its parent, scored a moment before with the same work. A model call's kind is its
+model and answer size (measure._kind); a program's own work, its class.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from cachetools import LRUCache
 
 @dataclass(frozen=True)
 class Band:
-    """How far a time may stray from its anchor and still be the anchor plus noise: `fraction` of the anchor
-    above it (and the same ratio below: 1 / (1 + fraction)), or `floor_ms` either way, whichever is larger."""
+    """How far above its anchor a time may be and still be the anchor plus noise: `fraction` of the anchor, or
+    `floor_ms`, whichever is larger."""
 
     fraction: float
     floor_ms: float
@@ -30,52 +30,54 @@ class Band:
     def above(self, anchor: float) -> float:
         return anchor + max(anchor * self.fraction, self.floor_ms)
 
-    def below(self, anchor: float) -> float:
-        return anchor - max(anchor * self.fraction / (1 + self.fraction), self.floor_ms)
-
 
 CALL = Band(0.5, 10.0)  # a model call: 50% or 10 ms (a first connection, a busy moment)
 OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 50% or 25 ms (a GC pause)
 WAIT = Band(0.5, 50.0)  # the time it waited outside model calls: 50% or 50 ms (the GIL, a busy core)
+WARM_UP = 4  # a kind's first times, whose fastest is its anchor
 
 
 class Anchors:
-    """Anchors by kind, bounded."""
+    """Anchors by kind, bounded: for each, [the anchor, how many times were seen (up to WARM_UP)]."""
 
     def __init__(self, size: int = 4096):
-        self._anchors: LRUCache[Hashable, float] = LRUCache(size)
+        self._anchors: LRUCache[Hashable, list[float]] = LRUCache(size)
         self._lock = threading.Lock()
 
     def steady(self, key: Hashable, value_ms: float, band: Band = CALL) -> float:
-        """`value_ms` as reported against the anchor of `key`, after moving the anchor when due."""
+        """`value_ms` as reported against the anchor of `key`, after taking it into the anchor while warming up."""
         if not value_ms >= 0:  # negative or NaN: nothing to steady
             return value_ms
         with self._lock:
-            anchor = self._anchors.get(key)
-            if anchor is None or value_ms < band.below(anchor):
-                self._anchors[key] = value_ms
-                return value_ms
+            seen = self._anchors.get(key)
+            if seen is None:
+                self._anchors[key] = seen = [value_ms, 0]
+            if seen[1] < WARM_UP:
+                seen[0], seen[1] = min(seen[0], value_ms), seen[1] + 1
+            anchor = seen[0]
         return value_ms if value_ms > band.above(anchor) else anchor
 
-    def known(self, key: Hashable) -> bool:
-        """Whether `key` has an anchor (a time of its kind was seen in this process)."""
+    def warming(self, key: Hashable) -> bool:
+        """Whether the anchor of `key` is not fixed yet (fewer than WARM_UP times of its kind seen)."""
         with self._lock:
-            return key in self._anchors
+            seen = self._anchors.get(key)
+        return seen is None or seen[1] < WARM_UP
 
     def at_most(self, key: Hashable, value_ms: float) -> float:
         """`value_ms`, or the anchor of `key` when that is lower."""
-        with self._lock:
-            anchor = self._anchors.get(key)
+        anchor = self._anchor(key)
         return value_ms if anchor is None else min(value_ms, anchor)
 
     def current(self, key: Hashable, value_ms: float, band: Band = CALL) -> float:
-        """`value_ms` against the anchor of `key` as it stands: the anchor when within `band` of it, else
-        `value_ms` itself. Moves nothing."""
+        """`value_ms` against the anchor of `key` as it stands: the anchor unless beyond `band` above it. Moves
+        nothing."""
+        anchor = self._anchor(key)
+        return value_ms if anchor is None or value_ms > band.above(anchor) else anchor
+
+    def _anchor(self, key: Hashable) -> float | None:
         with self._lock:
-            anchor = self._anchors.get(key)
-        if anchor is None or not band.below(anchor) <= value_ms <= band.above(anchor):
-            return value_ms
-        return anchor
+            seen = self._anchors.get(key)
+        return None if seen is None else seen[0]
 
 
 anchors = Anchors()

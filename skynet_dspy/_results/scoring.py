@@ -68,7 +68,7 @@ def score_cases(
 
     def finished(futures: set[Future[Scored]]) -> set[Future[Scored]]:
         done, pending = wait(futures, return_when=FIRST_COMPLETED)
-        for future in done:
+        for future in sorted(done, key=lambda future: future.result().case):  # a set: in case order (1 thread: all)
             scored.append(future.result())
             if on_scored is not None:
                 on_scored(scored[-1])

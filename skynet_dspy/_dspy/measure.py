@@ -101,7 +101,7 @@ class _Run:
 
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
         kind = _kind(model, figures)
-        anchors.steady(kind, figures.latency_ms)  # moves the kind's anchor when due
+        anchors.steady(kind, figures.latency_ms)  # taken into the kind's anchor while it warms up
         with self.lock:
             self.kinds.append((kind, figures.latency_ms))
             self.spans.append(span)

@@ -30,6 +30,10 @@ class Band:
     def above(self, anchor: float) -> float:
         return anchor + max(anchor * self.fraction, self.floor_ms)
 
+    def reported(self, anchor: float, value_ms: float) -> float:
+        """`value_ms` as reported against `anchor`: the anchor, unless beyond the band above it."""
+        return value_ms if value_ms > self.above(anchor) else anchor
+
 
 CALL = Band(0.5, 10.0)  # a model call: 50% or 10 ms (a first connection, a busy moment)
 OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 50% or 25 ms (a GC pause)
@@ -55,7 +59,7 @@ class Anchors:
             if seen[1] < WARM_UP:
                 seen[0], seen[1] = min(seen[0], value_ms), seen[1] + 1
             anchor = seen[0]
-        return value_ms if value_ms > band.above(anchor) else anchor
+        return band.reported(anchor, value_ms)
 
     def warming(self, key: Hashable) -> bool:
         """Whether the anchor of `key` is not fixed yet (fewer than WARM_UP times of its kind seen)."""
@@ -72,7 +76,7 @@ class Anchors:
         """`value_ms` against the anchor of `key` as it stands: the anchor unless beyond `band` above it. Moves
         nothing."""
         anchor = self._anchor(key)
-        return value_ms if anchor is None or value_ms > band.above(anchor) else anchor
+        return value_ms if anchor is None else band.reported(anchor, value_ms)
 
     def _anchor(self, key: Hashable) -> float | None:
         with self._lock:

@@ -317,7 +317,7 @@ class JudgeUsage(Usage):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready), `calls` named `requests`, with total_tokens."""
-        plain = {("requests" if name == "calls" else name): getattr(self, name) for name in self.__dataclass_fields__}
+        plain = {("requests" if each.name == "calls" else each.name): getattr(self, each.name) for each in fields(self)}
         return {**plain, "total_tokens": self.total_tokens}
 
 

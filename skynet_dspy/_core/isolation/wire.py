@@ -36,10 +36,10 @@ def to_worker(message: Any) -> bytes:
     send, or sends by a reference to `__main__` (a notebook's or script's class), which the worker cannot follow.
     """
     try:
-        data = pickle.dumps(message, protocol=PROTOCOL)
+        data: bytes | None = pickle.dumps(message, protocol=PROTOCOL)
     except Exception:  # noqa: BLE001 - a lambda, a local class: cloudpickle sends them by value
-        data = b"__main__"
-    if b"__main__" not in data:
+        data = None
+    if data is not None and b"__main__" not in data:
         return data
     import cloudpickle
 

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -29,7 +28,7 @@ from . import hooks
 from .ledger import file as _file
 from .ledger import observation_for
 from .replay import CallFigures, replay
-from .steady import OWN, WAIT, anchors
+from .steady import OWN, WAIT, anchors, clocks
 
 __all__ = ["cap_in_scope", "install", "installed", "measure", "measured_program", "observation_for", "program_caps"]
 
@@ -85,9 +84,9 @@ class _Run:
     calls' latencies, each as first made (a cache hit replays it: replay.py), steadied by kind (steady.py)."""
 
     def __init__(self, program: str = "a program") -> None:
-        self.started = time.perf_counter()
+        self.started = clocks.wall()
         self.thread = threading.get_ident()
-        self.cpu_started = time.thread_time()  # the thread's CPU time: waiting (for the GIL, for I/O) apart
+        self.cpu_started = clocks.cpu()  # the thread's CPU time: waiting (for the GIL, for I/O) apart
         self.cpu_in_calls = 0.0  # CPU seconds this thread spent inside the run's model calls
         self.overhead = 0.0  # seconds of measurement's own bookkeeping inside the run
         self.program = program  # what ran, whose own work keeps its anchor
@@ -96,7 +95,7 @@ class _Run:
         self.total = _Tally()
         self.cached = _Tally()  # of the total, the calls answered from a cache
         self.unpriced: list[str] = []
-        self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, clocks.wall() seconds
         self.kinds: list[tuple[Any, float]] = []  # each call's kind and latency as first made
 
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
@@ -117,7 +116,7 @@ class _Run:
                 cap.charge(figures.cost_usd, figures.unpriced)
 
     def finish(self) -> Observation:
-        ended = time.perf_counter()
+        ended = clocks.wall()
         with self.lock:
             waited = _covered(self.spans, self.started, ended)  # wall time spent inside model calls
             actual = sum(end - start for start, end in self.spans)
@@ -147,7 +146,7 @@ def _own_work(run: _Run, ended: float, waited: float) -> float:
     wall = max(0.0, (ended - run.started) - waited - run.overhead) * 1000.0
     if threading.get_ident() != run.thread:
         return anchors.steady(("program", run.program), wall, OWN)
-    cpu = min(wall, max(0.0, time.thread_time() - run.cpu_started - run.cpu_in_calls) * 1000.0)
+    cpu = min(wall, max(0.0, clocks.cpu() - run.cpu_started - run.cpu_in_calls) * 1000.0)
     return (anchors.steady(("program cpu", run.program), cpu, OWN)
             + anchors.steady(("program wait", run.program), wall - cpu, WAIT))
 
@@ -270,6 +269,7 @@ def install() -> None:
             hooks.wrap_dspy_execution(_counted(_count_dspy_result), _timed_pricing)
             hooks.warm_dspy_pricing()
             hooks.wrap_litellm(_counted(_count_litellm_response))
+            clocks.start()
             _installed = True
 
 
@@ -387,11 +387,11 @@ def _timed_pricing(original: Callable[..., Any]) -> Callable[..., Any]:
         spent = _pricing.get()
         if spent is None:
             return original(*args, **kwargs)
-        started = time.perf_counter()
+        started = clocks.wall()
         try:
             return original(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - started
+            spent[0] += clocks.wall() - started
 
     return priced
 
@@ -417,7 +417,7 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
 
     spent = [0.0]
     counting, pricing = _counting.set(True), _pricing.set(spent)
-    cpu, started = time.thread_time(), time.perf_counter()
+    cpu, started = clocks.cpu(), clocks.wall()
     try:
         yield done
     finally:
@@ -425,12 +425,12 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
         _pricing.reset(pricing)
         if not asynchronous and threading.get_ident() == run.thread:
             with run.lock:
-                run.cpu_in_calls += time.thread_time() - cpu
-    ended = time.perf_counter()
+                run.cpu_in_calls += clocks.cpu() - cpu
+    ended = clocks.wall()
     latency_ms = max(0.0, (ended - started - spent[0]) * 1000.0)
     count(run, box[0], _Call(args, kwargs, asynchronous, (started, ended), latency_ms))
     with run.lock:
-        run.overhead += time.perf_counter() - ended
+        run.overhead += clocks.wall() - ended
 
 
 def _as_is(result: Any) -> Any:

@@ -2,17 +2,22 @@
 
 A model call's latency and a program's own work vary between identical runs (20-50% for single calls on a loaded
 machine); GEPA, comparing candidates by a strict "greater than", would take that noise for an improvement. Each kind
-of time keeps an anchor: the fastest of its first WARM_UP times (so a first connection is left behind), then fixed
-for the process. A time up to the noise band above its anchor (a fraction of it, or a floor in ms, whichever is
-larger), or below it, is reported as the anchor; a time beyond the band is reported as measured, so real extra work
-or a slower provider shows. An anchor never moves down once fixed: a move by a few ms while GEPA scores a candidate
-would make it look faster than its parent, scored a moment before with the same work. A model call's kind is its
-model and answer size (measure._kind); a program's own work, its class.
+of time keeps an anchor: its first time, moved down only to a time beyond the band below it among its first WARM_UP
+(a cold first connection is left behind), then fixed for the process. A time up to the noise band above its anchor
+(a fraction of it, or a floor in ms, whichever is larger), or below it, is reported as the anchor; a time beyond the
+band is reported as measured, so real extra work or a slower provider shows. An anchor moves by no small step: a move
+by a few ms would make the examples scored before it (the seed's, or a parent's) look slower than the same work
+after it. A model call's kind is its model and answer size (measure._kind); a program's own work, its class.
+
+Times are read on `clocks`, which leave garbage collection out: a collection stops every thread, for up to a second
+in a large heap (a long-running notebook), whatever the candidate does.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -36,9 +41,45 @@ class Band:
 
 
 CALL = Band(0.5, 10.0)  # a model call: 50% or 10 ms (a first connection, a busy moment)
-OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 50% or 25 ms (a GC pause)
+OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 50% or 25 ms (a cache miss, a page fault)
 WAIT = Band(0.5, 50.0)  # the time it waited outside model calls: 50% or 50 ms (the GIL, a busy core)
-WARM_UP = 4  # a kind's first times, whose fastest is its anchor
+WARM_UP = 4  # a kind's first times, while its anchor may still move down
+
+
+class _Collecting(threading.local):
+    started = 0.0  # when this thread's collection in progress began
+    spent = 0.0  # seconds this thread spent collecting garbage
+
+
+class Clocks:
+    """time.perf_counter and time.thread_time with garbage collection taken out. No library reports collections
+    but gc.callbacks, which CPython calls on the collecting thread before and after each one; a collection holds
+    the GIL, so while it runs no other thread reads these clocks."""
+
+    def __init__(self) -> None:
+        self.collected = 0.0  # seconds the process spent collecting garbage, on any thread
+        self._thread = _Collecting()
+
+    def start(self) -> None:
+        if self._observe not in gc.callbacks:
+            gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._thread.started = now
+            return
+        spent = now - self._thread.started
+        self.collected += spent
+        self._thread.spent += spent
+
+    def wall(self) -> float:
+        """Seconds, as time.perf_counter, less the collections of every thread (they stopped all threads)."""
+        return time.perf_counter() - self.collected
+
+    def cpu(self) -> float:
+        """This thread's CPU seconds, as time.thread_time, less its own collections."""
+        return time.thread_time() - self._thread.spent
 
 
 class Anchors:
@@ -57,7 +98,9 @@ class Anchors:
             if seen is None:
                 self._anchors[key] = seen = [value_ms, 0]
             if seen[1] < WARM_UP:
-                seen[0], seen[1] = min(seen[0], value_ms), seen[1] + 1
+                if band.above(value_ms) < seen[0]:  # clearly faster than the anchor: it was a cold start
+                    seen[0] = value_ms
+                seen[1] += 1
             anchor = seen[0]
         return band.reported(anchor, value_ms)
 
@@ -85,3 +128,4 @@ class Anchors:
 
 
 anchors = Anchors()
+clocks = Clocks()

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -152,8 +152,8 @@ def _own_work(run: _Run, ended: float, waited: float) -> float:
 
 
 def _kind(model: Any, figures: CallFigures) -> tuple[str, str, int]:
-    """A call's anchor: its model and its answer's size in doubling steps (not the prompt's: a reworded
-    instruction would be measured afresh, noise and all)."""
+    """A call's anchor: its model and endpoint (_served_by) and its answer's size in doubling steps (not the
+    prompt's: a reworded instruction would be measured afresh, noise and all)."""
     return "model", str(model), max(0, figures.completion_tokens).bit_length()
 
 
@@ -305,7 +305,9 @@ class _Call:
 def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
     """Add one DSPy LM execution, execute(lm, call) -> CallResult; a cache hit as the call it replays."""
     key, folder = hooks.dspy_call_cache(call.args, call.asynchronous)
-    model = getattr(call.args[0], "model", None) if call.args else None
+    lm = call.args[0] if call.args else None
+    model = getattr(lm, "model", None)
+    served = _served_by(model, getattr(lm, "kwargs", None) or {})
     found = hooks.call_result_figures(result)
     cost = found["cost"]
     figures = CallFigures(
@@ -317,14 +319,21 @@ def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
         latency_ms=call.latency_ms,
     )
     if found["cache_hit"]:
-        replayed = _replayed(key, folder, model)
+        replayed = _replayed(key, folder, served)
         # cached before anything here saw it made: DSPy kept its cost, not its tokens or time
-        run.add(replayed or replace(figures, prompt_tokens=0, completion_tokens=0), call.span, True, model)
+        run.add(replayed or replace(figures, prompt_tokens=0, completion_tokens=0), call.span, True, served)
         return
-    figures = _first_of_its_model(figures, model)
+    figures = _first_of_its_model(figures, served)
     if key is not None:
         replay.remember(key, figures, folder)
-    run.add(figures, call.span, model=model)
+    run.add(figures, call.span, model=served)
+
+
+def _served_by(model: Any, settings: Mapping[str, Any]) -> str:
+    """What a call's latency is anchored by: its model and where it was sent (the same model name at another
+    endpoint has a latency of its own)."""
+    endpoint = settings.get("api_base") or settings.get("base_url")
+    return f"{model} at {endpoint}" if endpoint else str(model)
 
 
 def _first_of_its_model(figures: CallFigures, model: Any) -> CallFigures:
@@ -361,20 +370,21 @@ def _count_litellm_response(run: _Run, response: Any, call: _Call) -> None:
     """Add one LiteLLM response; one answered from LiteLLM's cache as the call it replays."""
     args, kwargs = call.args, call.kwargs
     model = kwargs.get("model") or (args[0] if args and isinstance(args[0], str) else None)
+    served = _served_by(model, kwargs)
     if getattr(response, "usage", None) is None:  # a stream, or an unknown shape: its usage is not known here
         unknown = f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)"
-        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span, model=model)
+        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span, model=served)
         return
     key = _litellm_key(args, kwargs)
     hit = hooks.litellm_cache_hit(response)
-    found = _replayed(key, None, model) if hit else None
+    found = _replayed(key, None, served) if hit else None
     if found is None:
         prompt, completion, cost = response_usage(response)
         unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
-        found = _first_of_its_model(CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms), model)
+        found = _first_of_its_model(CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms), served)
         if key is not None and not hit:
             replay.remember(key, found)
-    run.add(found, call.span, cached=hit, model=model)
+    run.add(found, call.span, cached=hit, model=served)
 
 
 # The seconds DSPy's cache and pricing steps took inside the call being counted (a list, shared with the thread

@@ -7,7 +7,7 @@ of time keeps an anchor: its first time, moved down only to a time beyond the ba
 (a fraction of it, or a floor in ms, whichever is larger), or below it, is reported as the anchor; a time beyond the
 band is reported as measured, so real extra work or a slower provider shows. An anchor moves by no small step: a move
 by a few ms would make the examples scored before it (the seed's, or a parent's) look slower than the same work
-after it. A model call's kind is its model and answer size (measure._kind); a program's own work, its class.
+after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's own work, its class.
 
 Times are read on `clocks`, which leave garbage collection out: a collection stops every thread, for up to a second
 in a large heap (a long-running notebook), whatever the candidate does.

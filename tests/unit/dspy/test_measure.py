@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections import Counter
 
 import dspy
 import pytest
@@ -306,6 +307,25 @@ def test_measure_a_plain_function_calling_litellm(server, litellm):
     # a call made after measure() returned belongs to no run
     _, idle = _measure.measure(lambda: None)
     assert idle.model_calls == 0 and idle.cost_usd == 0.0
+
+
+def test_the_same_model_at_another_endpoint_keeps_an_anchor_of_its_own(litellm):
+    """A fast endpoint and a slower one serving the same model name (a local server, then the provider): calls to
+    the slower one are steadied against an anchor of their own, so identical runs there measure the same (with one
+    anchor per model name they were all beyond the fast one's band, and reported with their noise)."""
+    def reply(request):
+        return {"content": "an answer", "prompt_tokens": 30, "completion_tokens": 4}
+
+    def call(server):
+        litellm.completion(model="openai/gpt-4o-mini", api_base=server.url, api_key="local-test-key",
+                           messages=[{"role": "user", "content": "hello"}])
+
+    with DevServer(responder=reply) as fast, DevServer(responder=reply, delay=0.1) as slow:
+        for _ in range(4):
+            _measure.measure(call, fast)
+        slow_runs = [_measure.measure(call, slow)[1].run_ms for _ in range(6)]
+    assert min(slow_runs) >= 100
+    assert Counter(slow_runs).most_common(1)[0][1] >= 4, slow_runs  # a busy moment may still show past the band
 
 
 def test_measure_counts_a_dspy_call_through_litellm_once(server, litellm):

@@ -29,7 +29,7 @@ from .handle import PARENT_VARIABLE
 
 _worker_pid = os.getpid()
 # Taken before the metric loads, which may replace what the os module holds.
-_exit = os._exit
+_exit, _getppid = os._exit, os.getppid
 _libc = ctypes.CDLL(None)
 _forked = False  # score called os.fork() during the call in progress
 
@@ -183,13 +183,19 @@ def _flush() -> None:
     _libc.fflush(None)
 
 
+def die_with(parent: int) -> None:
+    """Have the kernel kill this process when `parent` ends (PR_SET_PDEATHSIG, even when it is stopped or stuck),
+    or exit now if it already has."""
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if _getppid() != parent:
+        _exit(1)
+
+
 def prepare() -> None:
     """What the template sets up before the metric is imported."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
     if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
-        _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG, even when stopped or stuck
-        if os.getppid() != int(parent):  # it was already gone
-            _exit(1)
+        die_with(int(parent))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
     os.register_at_fork(after_in_parent=_after_fork_in_parent)
     register_skynet()

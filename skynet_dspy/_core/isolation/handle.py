@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 REQUEST_TIMEOUT = 10.0  # seconds the template may take to fork or reap (it runs no metric code)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
-_STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
+_STOP_GRACE = 1.0  # seconds bwrap may take to exit after the worker it started did
 _NO_MESSAGE = object()  # no whole message received yet
 PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
 class Gone(Exception):
@@ -240,15 +240,6 @@ class WorkerProcess:
         for kill in (os.killpg, os.kill):  # its process group: what it forked
             with suppress(ProcessLookupError, PermissionError):
                 kill(self.pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        """Ask the worker to exit; kill it if it does not within a second."""
-        try:
-            self.send(wire.to_worker({"kind": "stop"}))
-            self._exited(_STOP_GRACE)
-        except (OSError, ValueError):
-            pass
-        self.kill()
 
     def _exited(self, seconds: float) -> bool:
         """Whether the worker exited, waiting at most `seconds` (its pidfd turns readable)."""

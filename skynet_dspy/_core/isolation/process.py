@@ -369,7 +369,7 @@ class ProcessExecutor:
             idle, self._idle = self._idle, []
             self._cond.notify_all()
         for worker in idle:
-            worker.stop()
+            worker.kill()
             with self._cond:
                 self._workers.discard(worker)
         self._finalizer()

@@ -250,14 +250,7 @@ class Template:
         self.proc.wait()
 
     def close(self) -> None:
-        """Stop the template (its reaper then kills what is left of the pool)."""
-        if self.alive:
-            try:
-                with self._lock:
-                    self._conn.send_bytes(wire.to_worker({"kind": "stop"}))
-                self.proc.wait(STARTUP_TIMEOUT / 10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        """Kill the template (it runs no call: nothing is lost) and close our ends."""
         self.kill()
         self._close()
 
@@ -304,8 +297,6 @@ def main() -> None:
         elif kind == "reap" and message.get("pid") in workers:
             workers.discard(message["pid"])
             reply = {"kind": "reaped", "status": _reap(message["pid"])}
-        elif kind == "stop":
-            _exit(0)
         else:
             reply = {"kind": "error"}
         for fd in fds:

@@ -146,9 +146,7 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
     while True:
         try:
             message = wire.from_parent(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        if message["kind"] != "call":  # "stop"
+        except (EOFError, OSError):  # the user's process closed it: stop
             return
         llm.call_id = message["call"]
         _forked = False
@@ -202,7 +200,7 @@ def prepare() -> None:
 
 
 def run(fd: int, loaded: LoadedMetric, feedback_limit: int) -> None:
-    """Serve the connection `fd` with the metric `loaded` until told to stop, then exit."""
+    """Serve the connection `fd` with the metric `loaded` until it closes, then exit."""
     global _worker_pid
     _worker_pid = os.getpid()
     conn = Connection(fd)

@@ -13,6 +13,7 @@ import time
 import uuid
 import weakref
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
 from ..call import CallRequest
@@ -33,7 +34,6 @@ _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as 
 _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to start (unless it has no worker)
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
 _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
-_fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class ProcessExecutor:
@@ -125,7 +125,7 @@ class ProcessExecutor:
                     self._drop(template)
                 self._template = template = self._loaded(seconds)
                 if template.unsafe:
-                    _log_fallback(template.unsafe)
+                    _log_fallback(tuple(sorted(template.unsafe)))
                     self.start_mode, self._template = "fresh", None
             fork = self.start_mode == "template"
         if fork and template is not None:
@@ -397,13 +397,10 @@ def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -
     helpers.clear()
 
 
-def _log_fallback(unsafe: list[str]) -> None:
+@cache
+def _log_fallback(unsafe: tuple[str, ...]) -> None:
     """Say once why workers start as fresh interpreters: the metric's import left threads running, or sockets,
     pipes or event descriptors open."""
-    key = tuple(sorted(unsafe))
-    if key in _fallbacks_logged:
-        return
-    _fallbacks_logged.add(key)
     logger.warning(
         "skynet-dspy: importing the metric left %s; a process with threads cannot be forked safely, and forked "
         "workers would share one connection (one worker reading another's replies), so each worker process "

@@ -158,10 +158,13 @@ class WorkerProcess:
             message = self._message()
             if message is not _NO_MESSAGE:
                 return message
-            events = self._read_output(self._poller.poll(math.ceil(remaining * 1000)))
-            if not events:
+            ready = {fd for fd, _ in self._poller.poll(math.ceil(remaining * 1000))}
+            if self.output.fd in ready and not self.output.read():  # every writer closed it: nothing more to say
+                self._poller.unregister(self.output.fd)
+            ready.discard(self.output.fd)
+            if not ready:
                 continue
-            if not any(fd == conn_fd for fd, _ in events):
+            if conn_fd not in ready:
                 raise Gone  # only the pidfd is readable: the process exited
             try:
                 chunk = os.read(conn_fd, 1 << 16)
@@ -171,14 +174,6 @@ class WorkerProcess:
                 self._closed_by_worker = True
                 raise Gone
             self._received += chunk
-
-    def _read_output(self, events: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Read the worker's output when `events` say it wrote some; the other events."""
-        if all(fd != self.output.fd for fd, _ in events):
-            return events
-        if not self.output.read():  # every writer closed it: it has nothing more to say
-            self._poller.unregister(self.output.fd)
-        return [event for event in events if event[0] != self.output.fd]
 
     def _message(self) -> Any:
         """The next whole message received, or _NO_MESSAGE; Gone for what no worker of ours sends (a size past

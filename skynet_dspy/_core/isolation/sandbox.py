@@ -65,7 +65,6 @@ class Sandbox:
 
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
         """subprocess.Popen(argv, env=env, cwd=cwd, **popen), inside the sandbox."""
-
         with seccomp.program() as rules:  # read by bwrap as it starts
             wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
             pass_fds = (*popen.pop("pass_fds", ()), rules)

@@ -275,7 +275,6 @@ def main() -> None:
     os.register_at_fork = _hold_fork_hook  # the metric's hooks: see _hold_fork_hook
     conn.send_bytes(wire.to_parent({"kind": "ready"}))
     loaded, feedback_limit = None, 0
-    workers: set[int] = set()
     while True:
         try:
             message = wire.from_parent(conn.recv_bytes())
@@ -293,9 +292,8 @@ def main() -> None:
             conn.send_bytes(wire.to_parent({"kind": "forked", "pid": _getpid()}))
             _serve(fds, message["token"], loaded, feedback_limit, ours)
         elif kind == "fork" and can_start:
-            reply = _fork(partial(_serve, fds, message["token"], loaded, feedback_limit, ours), workers)
-        elif kind == "reap" and message.get("pid") in workers:
-            workers.discard(message["pid"])
+            reply = _fork(partial(_serve, fds, message["token"], loaded, feedback_limit, ours))
+        elif kind == "reap":  # only ever a worker forked here (the user's process reaps each once)
             reply = {"kind": "reaped", "status": _reap(message["pid"])}
         else:
             reply = {"kind": "error"}
@@ -352,9 +350,9 @@ def _run_child_hooks() -> None:
     thread.join(_HOOK_TIMEOUT)
 
 
-def _fork(serve: Callable[[], None], workers: set[int]) -> dict[str, Any]:
-    """Fork a worker that runs `serve`; the reply: its pid (kept in `workers`), or why the kernel refused (EAGAIN,
-    ENOMEM: this start fails, the pool goes on)."""
+def _fork(serve: Callable[[], None]) -> dict[str, Any]:
+    """Fork a worker that runs `serve`; the reply: its pid, or why the kernel refused (EAGAIN, ENOMEM: this start
+    fails, the pool goes on)."""
     from . import worker
 
     template = _getpid()
@@ -363,7 +361,6 @@ def _fork(serve: Callable[[], None], workers: set[int]) -> dict[str, Any]:
     except OSError as exc:
         return {"kind": "error", "message": str(exc)}
     if pid:
-        workers.add(pid)
         return {"kind": "forked", "pid": pid}
     try:
         _setsid()  # its own process group: killing it kills what it forked

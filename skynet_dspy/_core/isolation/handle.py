@@ -134,9 +134,8 @@ class WorkerProcess:
             except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
                 kind = judge_failure(exc)
                 said = exception_text(exc) if kind is None else str(exc)
-                called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
-                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said,
-                                   called.status if called else None, called.refused if called else False)
+                called = exc if isinstance(exc, LLMCallError) else None
+                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said, called)
             self.llm_slots.release()
             self._reply(reply)
 
@@ -305,8 +304,7 @@ class Output:
         return text
 
 
-def _llm_error(
-    request_id: Any, kind: Failure, message: str, status: int | None = None, refused: bool = False
-) -> dict[str, Any]:
+def _llm_error(request_id: Any, kind: Failure, message: str, called: LLMCallError | None = None) -> dict[str, Any]:
+    status, refused = (called.status, called.refused) if called else (None, False)  # a failed call's HTTP status
     error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
     return {"kind": "llm_reply", "request": request_id, "error": error}

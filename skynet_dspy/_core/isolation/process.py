@@ -41,17 +41,8 @@ class ProcessExecutor:
     it holds more memory of its own between calls (mid-call, the call fails as `memory`); `launcher` starts the
     templates another way (sandbox.py: in bubblewrap)."""
 
-    def __init__(
-        self,
-        source: Any,
-        timeout: float,
-        feedback_limit: int,
-        max_workers: int | None = None,
-        *,
-        max_calls: int | None = None,
-        max_memory: int | None = None,
-        launcher: Sandbox | None = None,
-    ):
+    def __init__(self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None, *,
+                 max_calls: int | None = None, max_memory: int | None = None, launcher: Sandbox | None = None):
         self.timeout = timeout
         self.launcher = launcher
         self.feedback_limit = feedback_limit
@@ -164,8 +155,6 @@ class ProcessExecutor:
             self._forget_inherited_workers()
         deadline = time.monotonic() + self.start_timeout
         with self._cond:
-            if self._idle and not self._closed:
-                return self._idle.pop()
             failures = self._start_failures
             self._waiting += 1
             try:
@@ -177,9 +166,7 @@ class ProcessExecutor:
                     now = time.monotonic()
                     empty = not self._workers and not self._starting
                     if self._start_failures != failures and empty:
-                        raise MetricLoadError(
-                            f"a new worker process could not load the metric: {self._start_error}"
-                        )
+                        raise MetricLoadError(f"a new worker process could not load the metric: {self._start_error}")
                     self._start_one_if_due(now, empty)
                     if now >= deadline and len(self._workers) < self.max_workers:  # a full pool: wait for a worker
                         raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
@@ -366,13 +353,8 @@ class ProcessExecutor:
             self._forget_inherited_workers()
         with self._cond:
             self._closed = True
-            idle, self._idle = self._idle, []
             self._cond.notify_all()
-        for worker in idle:
-            worker.kill()
-            with self._cond:
-                self._workers.discard(worker)
-        self._finalizer()
+        self._finalizer()  # kills every worker, idle or busy, and every template
 
     def _forget_inherited_workers(self) -> None:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""

@@ -323,10 +323,8 @@ def _start_reaper(pool: str, control: list[int]) -> None:
     _close(template)
 
 
-def _hold_fork_hook(
-    *, before: Callable[[], object] | None = None, after_in_child: Callable[[], object] | None = None,
-    after_in_parent: Callable[[], object] | None = None,
-) -> None:
+def _hold_fork_hook(*, before: Callable[[], object] | None = None, after_in_child: Callable[[], object] | None = None,
+                    after_in_parent: Callable[[], object] | None = None) -> None:
     """os.register_at_fork for the metric's code in the template: a hook for the parent's side would run in the
     template, which runs no score (one that hangs would hang every start), so it is dropped; one for the child
     runs in each worker, bounded (_run_child_hooks)."""

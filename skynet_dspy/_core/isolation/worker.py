@@ -31,12 +31,7 @@ _worker_pid = os.getpid()
 # Taken before the metric loads, which may replace what the os module holds.
 _exit, _getppid = os._exit, os.getppid
 _libc = ctypes.CDLL(None)
-_forked = False  # score called os.fork() during the call in progress
-
-
-def _after_fork_in_parent() -> None:
-    global _forked
-    _forked = True
+_forked = threading.Event()  # set when score calls os.fork() during the call in progress
 
 
 class _ParentLLM:
@@ -138,7 +133,6 @@ def load_reply(message: dict[str, Any]) -> tuple[LoadedMetric | None, dict[str, 
 
 
 def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
-    global _forked
     send_lock = threading.Lock()
     llm = _ParentLLM(conn, send_lock)
     recursion_limit = sys.getrecursionlimit()
@@ -149,11 +143,11 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
         except (EOFError, OSError):  # the user's process closed it: stop
             return
         llm.call_id = message["call"]
-        _forked = False
+        _forked.clear()
         outcome = run_call(loaded, message["request"], llm, feedback_limit)
         if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
             os._exit(0)
-        if _forked:
+        if _forked.is_set():
             outcome = Outcome(
                 failure=Failure.CRASHED,
                 error_type="fork",
@@ -162,7 +156,7 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
             )
         stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
         reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
-                 "retire": _forked or stragglers}
+                 "retire": _forked.is_set() or stragglers}
         _flush()
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -195,7 +189,7 @@ def prepare() -> None:
     if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
         die_with(int(parent))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
-    os.register_at_fork(after_in_parent=_after_fork_in_parent)
+    os.register_at_fork(after_in_parent=_forked.set)
     register_skynet()
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 STARTUP_TIMEOUT = 60.0  # seconds a new interpreter may take to be ready (a loaded machine)
 REQUEST_TIMEOUT = 10.0  # seconds the template may take to fork or reap (it runs no metric code)
 MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are refused at once
-_STOP_GRACE = 1.0  # seconds a worker told to stop may take before it is killed
+_STOP_GRACE = 1.0  # seconds bwrap may take to exit after the worker it started did
 _NO_MESSAGE = object()  # no whole message received yet
 PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
 class Gone(Exception):
@@ -134,9 +134,8 @@ class WorkerProcess:
             except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
                 kind = judge_failure(exc)
                 said = exception_text(exc) if kind is None else str(exc)
-                called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
-                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said,
-                                   called.status if called else None, called.refused if called else False)
+                called = exc if isinstance(exc, LLMCallError) else None
+                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said, called)
             self.llm_slots.release()
             self._reply(reply)
 
@@ -158,10 +157,13 @@ class WorkerProcess:
             message = self._message()
             if message is not _NO_MESSAGE:
                 return message
-            events = self._read_output(self._poller.poll(math.ceil(remaining * 1000)))
-            if not events:
+            ready = {fd for fd, _ in self._poller.poll(math.ceil(remaining * 1000))}
+            if self.output.fd in ready and not self.output.read():  # every writer closed it: nothing more to say
+                self._poller.unregister(self.output.fd)
+            ready.discard(self.output.fd)
+            if not ready:
                 continue
-            if not any(fd == conn_fd for fd, _ in events):
+            if conn_fd not in ready:
                 raise Gone  # only the pidfd is readable: the process exited
             try:
                 chunk = os.read(conn_fd, 1 << 16)
@@ -171,14 +173,6 @@ class WorkerProcess:
                 self._closed_by_worker = True
                 raise Gone
             self._received += chunk
-
-    def _read_output(self, events: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Read the worker's output when `events` say it wrote some; the other events."""
-        if all(fd != self.output.fd for fd, _ in events):
-            return events
-        if not self.output.read():  # every writer closed it: it has nothing more to say
-            self._poller.unregister(self.output.fd)
-        return [event for event in events if event[0] != self.output.fd]
 
     def _message(self) -> Any:
         """The next whole message received, or _NO_MESSAGE; Gone for what no worker of ours sends (a size past
@@ -240,15 +234,6 @@ class WorkerProcess:
         for kill in (os.killpg, os.kill):  # its process group: what it forked
             with suppress(ProcessLookupError, PermissionError):
                 kill(self.pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        """Ask the worker to exit; kill it if it does not within a second."""
-        try:
-            self.send(wire.to_worker({"kind": "stop"}))
-            self._exited(_STOP_GRACE)
-        except (OSError, ValueError):
-            pass
-        self.kill()
 
     def _exited(self, seconds: float) -> bool:
         """Whether the worker exited, waiting at most `seconds` (its pidfd turns readable)."""
@@ -319,8 +304,7 @@ class Output:
         return text
 
 
-def _llm_error(
-    request_id: Any, kind: Failure, message: str, status: int | None = None, refused: bool = False
-) -> dict[str, Any]:
+def _llm_error(request_id: Any, kind: Failure, message: str, called: LLMCallError | None = None) -> dict[str, Any]:
+    status, refused = (called.status, called.refused) if called else (None, False)  # a failed call's HTTP status
     error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
     return {"kind": "llm_reply", "request": request_id, "error": error}

@@ -13,6 +13,7 @@ import time
 import uuid
 import weakref
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
 from ..call import CallRequest
@@ -33,7 +34,6 @@ _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as 
 _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to start (unless it has no worker)
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
 _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
-_fallbacks_logged: set[tuple[str, ...]] = set()
 
 
 class ProcessExecutor:
@@ -41,17 +41,8 @@ class ProcessExecutor:
     it holds more memory of its own between calls (mid-call, the call fails as `memory`); `launcher` starts the
     templates another way (sandbox.py: in bubblewrap)."""
 
-    def __init__(
-        self,
-        source: Any,
-        timeout: float,
-        feedback_limit: int,
-        max_workers: int | None = None,
-        *,
-        max_calls: int | None = None,
-        max_memory: int | None = None,
-        launcher: Sandbox | None = None,
-    ):
+    def __init__(self, source: Any, timeout: float, feedback_limit: int, max_workers: int | None = None, *,
+                 max_calls: int | None = None, max_memory: int | None = None, launcher: Sandbox | None = None):
         self.timeout = timeout
         self.launcher = launcher
         self.feedback_limit = feedback_limit
@@ -125,7 +116,7 @@ class ProcessExecutor:
                     self._drop(template)
                 self._template = template = self._loaded(seconds)
                 if template.unsafe:
-                    _log_fallback(template.unsafe)
+                    _log_fallback(tuple(sorted(template.unsafe)))
                     self.start_mode, self._template = "fresh", None
             fork = self.start_mode == "template"
         if fork and template is not None:
@@ -164,8 +155,6 @@ class ProcessExecutor:
             self._forget_inherited_workers()
         deadline = time.monotonic() + self.start_timeout
         with self._cond:
-            if self._idle and not self._closed:
-                return self._idle.pop()
             failures = self._start_failures
             self._waiting += 1
             try:
@@ -177,9 +166,7 @@ class ProcessExecutor:
                     now = time.monotonic()
                     empty = not self._workers and not self._starting
                     if self._start_failures != failures and empty:
-                        raise MetricLoadError(
-                            f"a new worker process could not load the metric: {self._start_error}"
-                        )
+                        raise MetricLoadError(f"a new worker process could not load the metric: {self._start_error}")
                     self._start_one_if_due(now, empty)
                     if now >= deadline and len(self._workers) < self.max_workers:  # a full pool: wait for a worker
                         raise MetricLoadError(f"no metric worker process was ready within {self.start_timeout:g} s")
@@ -366,13 +353,8 @@ class ProcessExecutor:
             self._forget_inherited_workers()
         with self._cond:
             self._closed = True
-            idle, self._idle = self._idle, []
             self._cond.notify_all()
-        for worker in idle:
-            worker.stop()
-            with self._cond:
-                self._workers.discard(worker)
-        self._finalizer()
+        self._finalizer()  # kills every worker, idle or busy, and every template
 
     def _forget_inherited_workers(self) -> None:
         """In a fork of the user's process, leave the parent's workers alone and start our own."""
@@ -397,13 +379,10 @@ def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -
     helpers.clear()
 
 
-def _log_fallback(unsafe: list[str]) -> None:
+@cache
+def _log_fallback(unsafe: tuple[str, ...]) -> None:
     """Say once why workers start as fresh interpreters: the metric's import left threads running, or sockets,
     pipes or event descriptors open."""
-    key = tuple(sorted(unsafe))
-    if key in _fallbacks_logged:
-        return
-    _fallbacks_logged.add(key)
     logger.warning(
         "skynet-dspy: importing the metric left %s; a process with threads cannot be forked safely, and forked "
         "workers would share one connection (one worker reading another's replies), so each worker process "

@@ -58,15 +58,12 @@ class Ran:
 class RunWorkers:
     """run(artifact, input) in worker processes, each call under `timeout` seconds in a new worker."""
 
-    def __init__(
-        self, run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = None,
-        launcher: Sandbox | None = None, max_workers: int | None = None,
-    ):
+    def __init__(self, run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = None,
+                 launcher: Sandbox | None = None):
         self.timeout = timeout
         source = as_score(None, path) if path is not None else as_score(run)
         try:
-            self.executor = ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_workers, max_calls=1,
-                                            launcher=launcher)
+            self.executor = ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_calls=1, launcher=launcher)
         except MetricLoadError as exc:
             raise MetricLoadError(
                 f"run cannot be sent to a worker process: {exc}. Define run in a run.py and pass its path, or "

@@ -65,15 +65,13 @@ class Sandbox:
 
     def start(self, argv: list[str], *, env: dict[str, str], cwd: str, **popen: Any) -> subprocess.Popen[bytes]:
         """subprocess.Popen(argv, env=env, cwd=cwd, **popen), inside the sandbox."""
-
         with seccomp.program() as rules:  # read by bwrap as it starts
             wrapped, inside_env, inside_cwd = self.wrap(argv, env, cwd, rules)
             pass_fds = (*popen.pop("pass_fds", ()), rules)
             return subprocess.Popen(wrapped, env=inside_env, cwd=inside_cwd, pass_fds=pass_fds, **popen)
 
-    def wrap(
-        self, argv: Sequence[str], env: dict[str, str], cwd: str, rules: int | None = None
-    ) -> tuple[list[str], dict[str, str], str]:
+    def wrap(self, argv: Sequence[str], env: dict[str, str], cwd: str,
+             rules: int | None = None) -> tuple[list[str], dict[str, str], str]:
         """(argv, env, cwd) that start `argv` inside the sandbox; the descriptors given to Popen pass through.
         `rules`: a descriptor to read the seccomp program from (seccomp.program()), passed to Popen too."""
         bwrap = self.bwrap or find_bwrap()
@@ -118,9 +116,8 @@ class Sandbox:
         return WorkerError(f"sandbox=True: bubblewrap could not start a sandbox here ({said}); {hint}")
 
 
-def sandbox_for(
-    source: Any, sandbox: bool, network: bool, isolation: str = "process", max_memory: int | None = None,
-) -> Sandbox | None:
+def sandbox_for(source: Any, sandbox: bool, network: bool, isolation: str = "process",
+                max_memory: int | None = None) -> Sandbox | None:
     """The Sandbox for load_metric's options, or None for sandbox=False."""
     if sandbox not in (True, False) or network not in (True, False):
         raise TypeError(f"sandbox= and sandbox_network= are True or False, got {sandbox!r} and {network!r}")

@@ -9,13 +9,11 @@ carries the pool's mark (tree.py) once the user's process is gone. The metric's 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
 import queue
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +24,7 @@ from concurrent.futures import Future
 from contextlib import suppress
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MetricLoadError, WorkerError
 from ..logs import logger
@@ -62,43 +60,38 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
 
-_T = TypeVar("_T")
-_spawner: tuple[int, queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]] | None = None
+_Spawns = queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]]
+_spawner: tuple[int, _Spawns] | None = None
 _spawner_lock = threading.Lock()
 
 
-def spawn(start: Callable[[], _T]) -> _T:
-    """`start()` (it starts a process) on one daemon thread that lives as long as this process: the kernel's
-    parent-death signal (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started it ends, and a
-    calling thread (DSPy's) may end any time. A daemon thread, not a ThreadPoolExecutor, whose threads the
-    interpreter waits for at exit: a Ctrl-C'd `skynet-dspy score` must exit at once."""
+def spawn(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """`start()` on one daemon thread that lives as long as this process: the kernel's parent-death signal
+    (PR_SET_PDEATHSIG, see worker.prepare) fires when the *thread* that started the process ends, and a calling
+    thread (DSPy's) may end any time. A daemon thread, not a ThreadPoolExecutor, whose threads the interpreter waits
+    for at exit: a Ctrl-C'd `skynet-dspy score` must exit at once."""
     global _spawner
     with _spawner_lock:
         if _spawner is None or _spawner[0] != os.getpid():  # none yet, or a fork of this process inherited it
             _spawner = (os.getpid(), queue.SimpleQueue())
             threading.Thread(target=_serve_spawns, args=(_spawner[1],), name="skynet-spawner", daemon=True).start()
         requests = _spawner[1]
-    started: Future[_T] = Future()
+    started: Future[subprocess.Popen[bytes]] = Future()
     requests.put((start, started))
     try:
         return started.result()
     except BaseException:  # a Ctrl-C while it starts: the process, once started, is not left running
-        started.add_done_callback(_kill_started)
+        started.add_done_callback(lambda done: None if done.exception() else done.result().kill())
         raise
 
 
-def _serve_spawns(requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+def _serve_spawns(requests: _Spawns) -> None:
     while True:
         start, started = requests.get()
         try:
             started.set_result(start())
         except BaseException as exc:  # noqa: BLE001 - given to the caller, which raises it
             started.set_exception(exc)
-
-
-def _kill_started(started: Future[Any]) -> None:
-    if started.exception() is None and isinstance(started.result(), subprocess.Popen):
-        started.result().kill()
 
 
 def worker_environment() -> dict[str, str]:
@@ -257,14 +250,7 @@ class Template:
         self.proc.wait()
 
     def close(self) -> None:
-        """Stop the template (its reaper then kills what is left of the pool)."""
-        if self.alive:
-            try:
-                with self._lock:
-                    self._conn.send_bytes(wire.to_worker({"kind": "stop"}))
-                self.proc.wait(STARTUP_TIMEOUT / 10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        """Kill the template (it runs no call: nothing is lost) and close our ends."""
         self.kill()
         self._close()
 
@@ -287,10 +273,8 @@ def main() -> None:
     ours = [control.fileno(), conn.fileno()]
     _start_reaper(os.environ.get(tree.MARK, ""), ours)
     os.register_at_fork = _hold_fork_hook  # the metric's hooks: see _hold_fork_hook
-    libc = ctypes.CDLL(None, use_errno=True)
     conn.send_bytes(wire.to_parent({"kind": "ready"}))
     loaded, feedback_limit = None, 0
-    workers: set[int] = set()
     while True:
         try:
             message = wire.from_parent(conn.recv_bytes())
@@ -308,12 +292,9 @@ def main() -> None:
             conn.send_bytes(wire.to_parent({"kind": "forked", "pid": _getpid()}))
             _serve(fds, message["token"], loaded, feedback_limit, ours)
         elif kind == "fork" and can_start:
-            reply = _forked(partial(_fork, fds, message["token"], loaded, feedback_limit, libc, ours), workers)
-        elif kind == "reap" and message.get("pid") in workers:
-            workers.discard(message["pid"])
+            reply = _fork(partial(_serve, fds, message["token"], loaded, feedback_limit, ours))
+        elif kind == "reap":  # only ever a worker forked here (the user's process reaps each once)
             reply = {"kind": "reaped", "status": _reap(message["pid"])}
-        elif kind == "stop":
-            _exit(0)
         else:
             reply = {"kind": "error"}
         for fd in fds:
@@ -342,10 +323,8 @@ def _start_reaper(pool: str, control: list[int]) -> None:
     _close(template)
 
 
-def _hold_fork_hook(
-    *, before: Callable[[], object] | None = None, after_in_child: Callable[[], object] | None = None,
-    after_in_parent: Callable[[], object] | None = None,
-) -> None:
+def _hold_fork_hook(*, before: Callable[[], object] | None = None, after_in_child: Callable[[], object] | None = None,
+                    after_in_parent: Callable[[], object] | None = None) -> None:
     """os.register_at_fork for the metric's code in the template: a hook for the parent's side would run in the
     template, which runs no score (one that hangs would hang every start), so it is dropped; one for the child
     runs in each worker, bounded (_run_child_hooks)."""
@@ -369,30 +348,23 @@ def _run_child_hooks() -> None:
     thread.join(_HOOK_TIMEOUT)
 
 
-def _forked(fork: Callable[[], int], workers: set[int]) -> dict[str, Any]:
-    """The reply to `fork`: the new worker's pid (kept in `workers`), or why the kernel refused (EAGAIN, ENOMEM:
-    this start fails, the pool goes on)."""
+def _fork(serve: Callable[[], None]) -> dict[str, Any]:
+    """Fork a worker that runs `serve`; the reply: its pid, or why the kernel refused (EAGAIN, ENOMEM: this start
+    fails, the pool goes on)."""
+    from . import worker
+
+    template = _getpid()
     try:
-        pid = fork()
+        pid = _fork_process()
     except OSError as exc:
         return {"kind": "error", "message": str(exc)}
-    workers.add(pid)
-    return {"kind": "forked", "pid": pid}
-
-
-def _fork(fds: list[int], token: str, loaded: Any, feedback_limit: int, libc: Any, control: list[int]) -> int:
-    """Fork a worker that serves the socket fds[0], writing its output to fds[1], with the metric already loaded."""
-    template = _getpid()
-    pid = _fork_process()
     if pid:
-        return pid
+        return {"kind": "forked", "pid": pid}
     try:
         _setsid()  # its own process group: killing it kills what it forked
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the kernel kills it when the template ends
-        if _getppid() != template:  # the template ended before the line above
-            _exit(1)
+        worker.die_with(template)
         _run_child_hooks()
-        _serve(fds, token, loaded, feedback_limit, control)
+        serve()
     finally:
         _exit(1)
 

@@ -149,10 +149,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 def _inline_watchdog() -> _Watchdog | None:
     """The watchdog for inline main-thread calls, set up on first use; None when they are unavailable."""
     global _watchdog, _inline_ready
-    if _inline_ready:
-        return _watchdog
     if _inline_ready is not None:
-        return None
+        return _watchdog if _inline_ready else None
     _inline_ready = False
     if os.environ.get("SKYNET_DSPY_INLINE_TIMEOUT", "1") == "0" or not hasattr(signal, "SIGRTMAX"):
         return None

@@ -35,16 +35,13 @@ def to_worker(message: Any) -> bytes:
     Plain pickle first (a third of cloudpickle's time for a call's plain values); cloudpickle for what it cannot
     send, or sends by a reference to `__main__` (a notebook's or script's class), which the worker cannot follow.
     """
-    try:
-        data: bytes | None = pickle.dumps(message, protocol=PROTOCOL)
-    except Exception:  # noqa: BLE001 - a lambda, a local class: cloudpickle sends them by value
-        data = None
-    if data is not None and b"__main__" not in data:
-        return data
+    with suppress(Exception):  # a lambda, a local class: cloudpickle sends them by value
+        data = pickle.dumps(message, protocol=PROTOCOL)
+        if b"__main__" not in data:
+            return data
     import cloudpickle
 
-    by_value: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
-    return by_value
+    return cloudpickle.dumps(message, protocol=PROTOCOL)  # type: ignore[no-any-return]
 
 
 def to_parent(message: Any) -> bytes:

@@ -29,14 +29,9 @@ from .handle import PARENT_VARIABLE
 
 _worker_pid = os.getpid()
 # Taken before the metric loads, which may replace what the os module holds.
-_exit = os._exit
+_exit, _getppid = os._exit, os.getppid
 _libc = ctypes.CDLL(None)
-_forked = False  # score called os.fork() during the call in progress
-
-
-def _after_fork_in_parent() -> None:
-    global _forked
-    _forked = True
+_forked = threading.Event()  # set when score calls os.fork() during the call in progress
 
 
 class _ParentLLM:
@@ -138,7 +133,6 @@ def load_reply(message: dict[str, Any]) -> tuple[LoadedMetric | None, dict[str, 
 
 
 def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
-    global _forked
     send_lock = threading.Lock()
     llm = _ParentLLM(conn, send_lock)
     recursion_limit = sys.getrecursionlimit()
@@ -146,16 +140,14 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
     while True:
         try:
             message = wire.from_parent(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        if message["kind"] != "call":  # "stop"
+        except (EOFError, OSError):  # the user's process closed it: stop
             return
         llm.call_id = message["call"]
-        _forked = False
+        _forked.clear()
         outcome = run_call(loaded, message["request"], llm, feedback_limit)
         if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
             os._exit(0)
-        if _forked:
+        if _forked.is_set():
             outcome = Outcome(
                 failure=Failure.CRASHED,
                 error_type="fork",
@@ -164,7 +156,7 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
             )
         stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
         reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
-                 "retire": _forked or stragglers}
+                 "retire": _forked.is_set() or stragglers}
         _flush()
         sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -183,20 +175,26 @@ def _flush() -> None:
     _libc.fflush(None)
 
 
+def die_with(parent: int) -> None:
+    """Have the kernel kill this process when `parent` ends (PR_SET_PDEATHSIG, even when it is stopped or stuck),
+    or exit now if it already has."""
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if _getppid() != parent:
+        _exit(1)
+
+
 def prepare() -> None:
     """What the template sets up before the metric is imported."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
     if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
-        _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG, even when stopped or stuck
-        if os.getppid() != int(parent):  # it was already gone
-            _exit(1)
+        die_with(int(parent))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
-    os.register_at_fork(after_in_parent=_after_fork_in_parent)
+    os.register_at_fork(after_in_parent=_forked.set)
     register_skynet()
 
 
 def run(fd: int, loaded: LoadedMetric, feedback_limit: int) -> None:
-    """Serve the connection `fd` with the metric `loaded` until told to stop, then exit."""
+    """Serve the connection `fd` with the metric `loaded` until it closes, then exit."""
     global _worker_pid
     _worker_pid = os.getpid()
     conn = Connection(fd)

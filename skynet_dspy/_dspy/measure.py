@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -84,7 +85,9 @@ class _Run:
     calls' latencies, each as first made (a cache hit replays it: replay.py), steadied by kind (steady.py)."""
 
     def __init__(self, program: str = "a program") -> None:
-        self.started = clocks.wall()
+        self.started = time.perf_counter()
+        self.collected_started = clocks.collected  # garbage collection in the process, seconds
+        self.collected_in_calls = 0.0  # of which, during the run's model calls
         self.thread = threading.get_ident()
         self.cpu_started = clocks.cpu()  # the thread's CPU time: waiting (for the GIL, for I/O) apart
         self.cpu_in_calls = 0.0  # CPU seconds this thread spent inside the run's model calls
@@ -95,7 +98,7 @@ class _Run:
         self.total = _Tally()
         self.cached = _Tally()  # of the total, the calls answered from a cache
         self.unpriced: list[str] = []
-        self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, clocks.wall() seconds
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
         self.kinds: list[tuple[Any, float]] = []  # each call's kind and latency as first made
 
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
@@ -116,7 +119,7 @@ class _Run:
                 cap.charge(figures.cost_usd, figures.unpriced)
 
     def finish(self) -> Observation:
-        ended = clocks.wall()
+        ended = time.perf_counter()
         with self.lock:
             waited = _covered(self.spans, self.started, ended)  # wall time spent inside model calls
             actual = sum(end - start for start, end in self.spans)
@@ -143,7 +146,8 @@ class _Run:
 def _own_work(run: _Run, ended: float, waited: float) -> float:
     """The program's own work, ms, steadied: its CPU time outside model calls and its waiting outside them (I/O,
     the GIL), each against its own anchor; only the wall time when the run finished on another thread."""
-    wall = max(0.0, (ended - run.started) - waited - run.overhead) * 1000.0
+    collected = max(0.0, clocks.collected - run.collected_started - run.collected_in_calls)  # outside the calls
+    wall = max(0.0, (ended - run.started) - waited - run.overhead - collected) * 1000.0
     if threading.get_ident() != run.thread:
         return anchors.steady(("program", run.program), wall, OWN)
     cpu = min(wall, max(0.0, clocks.cpu() - run.cpu_started - run.cpu_in_calls) * 1000.0)
@@ -397,11 +401,11 @@ def _timed_pricing(original: Callable[..., Any]) -> Callable[..., Any]:
         spent = _pricing.get()
         if spent is None:
             return original(*args, **kwargs)
-        started = clocks.wall()
+        started = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
-            spent[0] += clocks.wall() - started
+            spent[0] += time.perf_counter() - started
 
     return priced
 
@@ -427,7 +431,7 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
 
     spent = [0.0]
     counting, pricing = _counting.set(True), _pricing.set(spent)
-    cpu, started = clocks.cpu(), clocks.wall()
+    cpu, started, collected, here = clocks.cpu(), time.perf_counter(), clocks.collected, clocks.here()
     try:
         yield done
     finally:
@@ -436,11 +440,13 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
         if not asynchronous and threading.get_ident() == run.thread:
             with run.lock:
                 run.cpu_in_calls += clocks.cpu() - cpu
-    ended = clocks.wall()
-    latency_ms = max(0.0, (ended - started - spent[0]) * 1000.0)
+    ended = time.perf_counter()
+    with run.lock:
+        run.collected_in_calls += clocks.collected - collected
+    latency_ms = max(0.0, (ended - started - spent[0] - (clocks.here() - here)) * 1000.0)
     count(run, box[0], _Call(args, kwargs, asynchronous, (started, ended), latency_ms))
     with run.lock:
-        run.overhead += clocks.wall() - ended
+        run.overhead += time.perf_counter() - ended
 
 
 def _as_is(result: Any) -> Any:

@@ -9,8 +9,9 @@ band is reported as measured, so real extra work or a slower provider shows. An 
 by a few ms would make the examples scored before it (the seed's, or a parent's) look slower than the same work
 after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's own work, its class.
 
-Times are read on `clocks`, which leave garbage collection out: a collection stops every thread, for up to a second
-in a large heap (a long-running notebook), whatever the candidate does.
+Garbage collection is left out (`clocks`): of a program's own work, every collection outside its model calls; of a
+call, the collections its own thread made. A collection stops every thread running Python, for up to a second in a
+large heap (a long-running notebook), whatever the candidate does.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ class _Collecting(threading.local):
 
 
 class Clocks:
-    """time.perf_counter and time.thread_time with garbage collection taken out. No library reports collections
-    but gc.callbacks, which CPython calls on the collecting thread before and after each one; a collection holds
-    the GIL, so while it runs no other thread reads these clocks."""
+    """Seconds spent collecting garbage, in the process and in this thread. No library reports collections but
+    gc.callbacks, which CPython calls on the collecting thread before and after each one. A collection holds the
+    GIL: it stops every thread running Python, but not one waiting for a model's answer."""
 
     def __init__(self) -> None:
         self.collected = 0.0  # seconds the process spent collecting garbage, on any thread
@@ -73,9 +74,9 @@ class Clocks:
         self.collected += spent
         self._thread.spent += spent
 
-    def wall(self) -> float:
-        """Seconds, as time.perf_counter, less the collections of every thread (they stopped all threads)."""
-        return time.perf_counter() - self.collected
+    def here(self) -> float:
+        """Seconds this thread spent collecting garbage (its own collections delayed it, whatever it did)."""
+        return self._thread.spent
 
     def cpu(self) -> float:
         """This thread's CPU seconds, as time.thread_time, less its own collections."""

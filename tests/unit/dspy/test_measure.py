@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import threading
+import time
 import uuid
 from collections import Counter
 
@@ -326,6 +329,34 @@ def test_the_same_model_at_another_endpoint_keeps_an_anchor_of_its_own(litellm):
         slow_runs = [_measure.measure(call, slow)[1].run_ms for _ in range(6)]
     assert min(slow_runs) >= 100
     assert Counter(slow_runs).most_common(1)[0][1] >= 4, slow_runs  # a busy moment may still show past the band
+
+
+def test_a_collection_on_another_thread_does_not_shorten_a_call_waiting_for_its_answer(server, litellm):
+    """Garbage collection stops only threads running Python: a call waiting for the model's answer is not delayed
+    by another thread's collections, so its latency keeps that time (only its own thread's are taken out)."""
+    server.responder = lambda request: {"content": "an answer", "prompt_tokens": 30, "completion_tokens": 4}
+    server.delay = DELAY
+    heap = [[] for _ in range(100_000)]  # with LiteLLM's own objects, a full collection takes a while
+
+    def collect():  # while the server (in this process) sleeps DELAY before it answers: no thread waits for it
+        while not server.requests:
+            time.sleep(0.001)
+        end = time.perf_counter() + DELAY * 0.4
+        while time.perf_counter() < end:
+            gc.collect()
+
+    def call():
+        litellm.completion(model="openai/gpt-4o-mini", api_base=server.url, api_key="local-test-key",
+                           messages=[{"role": "user", "content": "hello"}])
+
+    call()  # LiteLLM's first call in a process sets up its client
+    server.clear()
+    collector = threading.Thread(target=collect)
+    collector.start()
+    _, observation = _measure.measure(call)
+    collector.join()
+    del heap
+    assert observation.run_ms >= DELAY * 1000, observation
 
 
 def test_measure_counts_a_dspy_call_through_litellm_once(server, litellm):

@@ -443,7 +443,9 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
     ended = time.perf_counter()
     with run.lock:
         run.collected_in_calls += clocks.collected - collected
-    latency_ms = max(0.0, (ended - started - spent[0] - (clocks.here() - here)) * 1000.0)
+    # its thread's collections delayed a synchronous call; an event loop's thread also runs other coroutines
+    collected_here = 0.0 if asynchronous else clocks.here() - here
+    latency_ms = max(0.0, (ended - started - spent[0] - collected_here) * 1000.0)
     count(run, box[0], _Call(args, kwargs, asynchronous, (started, ended), latency_ms))
     with run.lock:
         run.overhead += time.perf_counter() - ended

@@ -10,7 +10,7 @@ by a few ms would make the examples scored before it (the seed's, or a parent's)
 after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's own work, its class.
 
 Garbage collection is left out (`clocks`): of a program's own work, every collection outside its model calls; of a
-call, the collections its own thread made. A collection stops every thread running Python, for up to a second in a
+synchronous call, its own thread's collections. A collection stops every thread running Python, for up to a second in a
 large heap (a long-running notebook), whatever the candidate does.
 """
 

@@ -41,7 +41,8 @@ def to_worker(message: Any) -> bytes:
             return data
     import cloudpickle
 
-    return cloudpickle.dumps(message, protocol=PROTOCOL)  # type: ignore[no-any-return]
+    by_value: bytes = cloudpickle.dumps(message, protocol=PROTOCOL)
+    return by_value
 
 
 def to_parent(message: Any) -> bytes:

@@ -431,7 +431,7 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
 
     spent = [0.0]
     counting, pricing = _counting.set(True), _pricing.set(spent)
-    cpu, started, collected, here = clocks.cpu(), time.perf_counter(), clocks.collected, clocks.here()
+    cpu, started, collected = clocks.cpu(), time.perf_counter(), clocks.collected
     try:
         yield done
     finally:
@@ -441,9 +441,9 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
             with run.lock:
                 run.cpu_in_calls += clocks.cpu() - cpu
     ended = time.perf_counter()
-    # its thread's collections delayed a synchronous call; an event loop's thread also runs other coroutines
-    collected_here = 0.0 if asynchronous else clocks.here() - here
-    latency_ms = max(0.0, (ended - started - spent[0] - collected_here) * 1000.0)
+    # collections stay in: one may run while the answer is still on its way, and a call never measures faster
+    # than its provider answered
+    latency_ms = max(0.0, (ended - started - spent[0]) * 1000.0)
     count(run, box[0], _Call(args, kwargs, asynchronous, (started, ended), latency_ms))
     with run.lock:
         run.overhead += time.perf_counter() - ended

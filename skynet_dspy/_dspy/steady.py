@@ -9,8 +9,8 @@ band is reported as measured, so real extra work or a slower provider shows. An 
 by a few ms would make the examples scored before it (the seed's, or a parent's) look slower than the same work
 after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's own work, its class.
 
-Garbage collection is left out (`clocks`): of a program's own work, every collection outside its model calls; of a
-synchronous call, its own thread's collections. A collection stops every thread running Python, for up to a second in a
+Garbage collection is left out of a program's own work (`clocks`): every collection outside its model calls, and of
+its CPU time its own thread's. A collection stops every thread running Python, for up to a second in a
 large heap (a long-running notebook), whatever the candidate does.
 """
 
@@ -73,10 +73,6 @@ class Clocks:
         spent = now - self._thread.started
         self.collected += spent
         self._thread.spent += spent
-
-    def here(self) -> float:
-        """Seconds this thread spent collecting garbage (its own collections delayed it, whatever it did)."""
-        return self._thread.spent
 
     def cpu(self) -> float:
         """This thread's CPU seconds, as time.thread_time, less its own collections."""

@@ -335,7 +335,7 @@ def test_the_same_model_at_another_endpoint_keeps_an_anchor_of_its_own(litellm):
 
 def test_a_collection_on_another_thread_does_not_shorten_a_call_waiting_for_its_answer(server, litellm):
     """Garbage collection stops only threads running Python: a call waiting for the model's answer is not delayed
-    by another thread's collections, so its latency keeps that time (only its own thread's are taken out)."""
+    by collections, so its latency keeps that time (a call never measures faster than its provider answered)."""
     server.responder = lambda request: {"content": "an answer", "prompt_tokens": 30, "completion_tokens": 4}
     server.delay = DELAY
     heap = [[] for _ in range(100_000)]  # with LiteLLM's own objects, a full collection takes a while

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Literal, Unpack, cast
 
 from .._core import loading, secrets
+from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from .._core.errors import MetricLoadError, SpendCapReached
-from .._core.isolation.runner import RunWorkers
+from .._core.isolation import runner
+from .._core.isolation.process import ProcessExecutor
 from .._core.isolation.sandbox import folders_of, sandbox_for
 from .._core.options import MetricSource, ModelSpec, ScoringOptions, check_names
 from .._core.types import Failure, Outcome, Result
@@ -68,7 +70,7 @@ class Evaluator:
     """
 
     def __init__(
-        self, run: Callable[[Any, Any], Any], metric: Metric, workers: RunWorkers | None = None, *,
+        self, run: Callable[[Any, Any], Any], metric: Metric, workers: ProcessExecutor | None = None, *,
         owns_metric: bool = False,
     ):
         self.run = run
@@ -112,11 +114,10 @@ class Evaluator:
             if cap is not None:
                 cap.check()  # the program's spending cap is reached: run() is not even started
             if self.workers is not None:  # in a worker: what run() does cannot stall or end this process
-                ran = self.workers(artifact, translate.detach(input_values))
-                if ran.failure is not None:
-                    outcome = Outcome(failure=ran.failure, error_type=ran.error_type, detail=ran.detail)
-                    return scorer.failed(outcome, feedback=ran.feedback), _NO_OUTPUT
-                output = ran.output
+                request = CallRequest(input=translate.detach(input_values), output=artifact, expected=None)
+                output, failed, feedback = _ran(self.workers.run(request, None), self.workers.timeout)
+                if failed is not None:
+                    return scorer.failed(failed, feedback=feedback), _NO_OUTPUT
                 unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured"
             elif self.metric.measuring:
                 with self.metric.capping():  # the cap governs this run() call's model calls, no others
@@ -143,6 +144,35 @@ class Evaluator:
     def __repr__(self) -> str:
         name = getattr(self.run, "__qualname__", type(self.run).__name__)
         return f"<skynet_dspy evaluator run={name} metric={self.metric.info.label}>"
+
+
+def _ran(outcome: Outcome, timeout: float) -> tuple[Any, Outcome | None, str]:
+    """What run(artifact, input) in a worker gave: (its output, None, ""), or (None, the failure, the feedback the
+    reflection model reads: run's own error, else built from nothing the candidate chose)."""
+    extra = outcome.result.extra if outcome.result is not None else {}
+    if runner.ERROR in extra:
+        text = f"run(artifact, input) raised {extra[runner.ERROR]}"
+        return None, Outcome(failure=Failure.RUN_EXCEPTION, error_type=str(extra.get(runner.ERROR_TYPE)),
+                             detail=text), text
+    if outcome.result is not None:
+        return extra.get(runner.OUTPUT), None, ""
+    failure = outcome.failure
+    # no worker could load run(): a setup problem, not this candidate's fault (GEPA's cache must not keep it)
+    detail = str(outcome.detail).replace("score()", "run()")
+    failed = Outcome(failure=Failure.LOAD if failure is Failure.LOAD else Failure.RUN_EXCEPTION,
+                     error_type=outcome.error_type or str(failure),
+                     detail=f"run(artifact, input) in its worker process: {detail}")
+    if failure is Failure.TIMEOUT:
+        said = f"did not return within {timeout:g} s, so it was stopped"
+    elif failure is Failure.CRASHED and outcome.error_type == "fork":
+        said = "started a process with os.fork(), which is not allowed, so it was stopped"
+    elif failure is Failure.INVALID:
+        said = "returned a value that could not be passed on to the metric"
+    elif failure is Failure.LOAD:
+        said = "could not be loaded in a worker process; this is a setup problem, not a fault of the candidate"
+    else:
+        said = "ended its process (an exit, a crash or a signal) before returning"
+    return None, failed, f"run(artifact, input) {said}"
 
 
 # Failures that say nothing of the candidate (the metric was not run, or a spending cap refused the calls):
@@ -264,7 +294,7 @@ def make_evaluator(
 
 def _run_workers(
     run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None, sandboxed: bool
-) -> RunWorkers:
+) -> ProcessExecutor:
     """Worker processes for run(), sandboxed when asked or when the metric's workers are (the run file's folder
     readable)."""
     timeout = check_timeout(timeout) if timeout is not None else metric.timeout
@@ -272,4 +302,4 @@ def _run_workers(
     sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
     if sandbox is not None:
         sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
-    return RunWorkers(run_fn, timeout, path=path, launcher=sandbox)
+    return runner.run_workers(run_fn, timeout, path=path, launcher=sandbox)

@@ -234,7 +234,7 @@ def test_make_evaluator_scores_each_way_a_run_can_fail_and_then_a_good_one(tmp_p
     assert results["deletes"].failure is Failure.RUN_EXCEPTION and run_path.exists()  # a read-only view
     assert "OSError" in results["deletes"].feedback
     assert (score, side_info) == (1.0, {"Inputs": {"x": 3}, "Generated Outputs": 6, "feedback": "right"})
-    assert evaluator.workers.executor.worker_pids == []  # closed with the evaluator
+    assert evaluator.workers.worker_pids == []  # closed with the evaluator
 
 
 def test_run_raising_in_a_worker_gives_the_same_feedback_as_in_this_process(tmp_path):

@@ -1,4 +1,5 @@
-"""runner.py through the public API: make_evaluator(run_isolation="process") runs run(artifact, input) in workers."""
+"""runner.py, and the evaluator reading what it gives, through the public API: make_evaluator(run_isolation=
+"process") runs run(artifact, input) in workers."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_run_happens_in_another_process_and_its_plain_output_reaches_the_metric(
 
     with skynet_dspy.make_evaluator(run, score, run_isolation="process") as evaluator:
         assert evaluator("any", EXAMPLE) == (1.0, {"Inputs": {"x": 3}, "Generated Outputs": 6, "feedback": "got 6"})
-        assert evaluator.workers.executor.worker_pids == []  # each call's worker is gone once it answered
+        assert evaluator.workers.worker_pids == []  # each call's worker is gone once it answered
         assert evaluator("any", EXAMPLE)[0] == 1.0  # the next call: a new worker, forked from the template
     evaluator.metric.close()
 

@@ -15,8 +15,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import LLMCallError, OutsideMetricCall
+from .errors import NO_JUDGE_MODEL, LLMCallError, ModelNotConfigured, OutsideMetricCall, judge_error_to_plain
 from .types import Failure, Observation
+from .values import check_llm_arguments
 
 # llm(instructions, input, settings) -> the model's text
 LLMHandler = Callable[[str, "str | None", dict[str, Any]], str]
@@ -275,3 +276,20 @@ def wants_fresh_answers() -> bool:
 def is_judging() -> bool:
     """True inside judging(), or inside a metric call (whatever a metric calls is not the program's run)."""
     return _judging.get() or _current.get() is not None
+
+
+def answer_llm(
+    llm: LLMHandler | None, instructions: Any, input: Any, settings: Any, ended: bool = False
+) -> dict[str, Any]:
+    """The answer to a worker's llm() request, as plain values: {"text": ...}, or {"error": ...} that
+    errors.judge_error raises in the worker. `ended`: its metric call had ended when it came."""
+    try:
+        if ended:
+            raise LLMCallError("llm() was called after its metric call had ended")
+        if llm is None:
+            raise ModelNotConfigured(NO_JUDGE_MODEL)
+        settings = settings if isinstance(settings, dict) else {}
+        check_llm_arguments(instructions, input, settings)  # again here: a worker may write its own request
+        return {"text": str(llm(instructions, input, settings))}
+    except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
+        return {"error": judge_error_to_plain(exc)}

@@ -7,6 +7,7 @@ from typing import Any
 
 from .secrets import redact
 from .types import Failure, Item
+from .values import exception_text
 
 __all__ = [
     "ContractViolation",
@@ -120,8 +121,18 @@ def judge_failure(exc: BaseException) -> Failure | None:
     return next((kind for kind, error in _JUDGE_ERRORS.items() if isinstance(exc, error)), None)
 
 
-def judge_error(kind: Failure, message: str, status: int | None = None, refused: bool = False) -> SkynetDspyError:
-    """The error llm() raises for a judge failure of `kind` (how a worker process rebuilds the user's answer)."""
+def judge_error_to_plain(exc: BaseException) -> dict[str, Any]:
+    """An error llm() raised in the user's process, as plain values for the worker that asked (judge_error)."""
+    kind = judge_failure(exc)
+    called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
+    return {"failure": str(kind or Failure.JUDGE_ERROR), "message": str(exc) if kind else exception_text(exc),
+            "status": called.status if called else None, "refused": called.refused if called else False}
+
+
+def judge_error(error: dict[str, Any]) -> SkynetDspyError:
+    """The error llm() raises in a worker for the plain values judge_error_to_plain gave."""
+    kind, message = Failure(error["failure"]), error["message"]
     if kind in _JUDGE_ERRORS:
         return _JUDGE_ERRORS[kind](message)
-    return LLMCallError(message, status, refused=refused, unreachable=kind is Failure.JUDGE_UNREACHABLE)
+    unreachable = kind is Failure.JUDGE_UNREACHABLE
+    return LLMCallError(message, error["status"], refused=error["refused"], unreachable=unreachable)

@@ -17,10 +17,8 @@ from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..context import LLMHandler, llm_pool
-from ..errors import NO_JUDGE_MODEL, LLMCallError, ModelNotConfigured, WorkerError, judge_failure
-from ..types import Failure
-from ..values import check_llm_arguments, exception_text
+from ..context import LLMHandler, answer_llm, llm_pool
+from ..errors import LLMCallError, WorkerError, judge_error_to_plain
 from . import tree, wire
 
 if TYPE_CHECKING:
@@ -114,30 +112,17 @@ class WorkerProcess:
     def serve_llm(self, message: dict[str, Any], call_id: int, llm: LLMHandler | None) -> bool:
         """Answer the worker's llm() request here, where the judge and its keys are, on the bounded llm() pool (so
         the call's timeout keeps running; `llm` is bound to the call's scope); False when refused at once."""
-        request_id = message.get("request")
+        reply = {"kind": "llm_reply", "request": message.get("request")}
         if not self.llm_slots.acquire(blocking=False):
-            self._reply(_llm_error(request_id, Failure.JUDGE_ERROR,
-                                   f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call"))
+            refused = LLMCallError(f"more than {MAX_LLM_AT_ONCE} llm() calls at once from one metric call")
+            self._reply({**reply, "error": judge_error_to_plain(refused)})
             return False
 
         def answer() -> None:
-            instructions, text, settings = message.get("instructions"), message.get("input"), message.get("settings")
-            settings = settings if isinstance(settings, dict) else {}
-            try:
-                if message.get("call") != call_id:
-                    raise LLMCallError("llm() was called after its metric call had ended")
-                if llm is None:
-                    raise ModelNotConfigured(NO_JUDGE_MODEL)
-                check_llm_arguments(instructions, text, settings)  # again here: a worker may write its own request
-                reply = {"kind": "llm_reply", "request": request_id,
-                         "text": str(llm(instructions, text, settings))}  # type: ignore[arg-type]  # checked above
-            except Exception as exc:  # noqa: BLE001 - every failure is answered, or the worker would wait forever
-                kind = judge_failure(exc)
-                said = exception_text(exc) if kind is None else str(exc)
-                called = exc if isinstance(exc, LLMCallError) else None
-                reply = _llm_error(request_id, kind or Failure.JUDGE_ERROR, said, called)
+            answered = answer_llm(llm, message.get("instructions"), message.get("input"), message.get("settings"),
+                                  ended=message.get("call") != call_id)
             self.llm_slots.release()
-            self._reply(reply)
+            self._reply({**reply, **answered})
 
         llm_pool.submit(answer)
         return True
@@ -303,8 +288,3 @@ class Output:
         self.kept, self.total = bytearray(), 0
         return text
 
-
-def _llm_error(request_id: Any, kind: Failure, message: str, called: LLMCallError | None = None) -> dict[str, Any]:
-    status, refused = (called.status, called.refused) if called else (None, False)  # a failed call's HTTP status
-    error = {"failure": str(kind), "message": message, "status": status, "refused": refused}
-    return {"kind": "llm_reply", "request": request_id, "error": error}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..call import CallRequest
-from ..context import CallScope, LLMHandler, llm_pool
-from ..errors import NO_JUDGE_MODEL, LLMCallError, MetricLoadError, ModelNotConfigured, WorkerError, judge_failure
+from ..context import CallScope, LLMHandler, answer_llm, llm_pool
+from ..errors import MetricLoadError, WorkerError
 from ..logs import logger
 from ..secrets import env_credential, looks_like_credential
 from ..types import Failure, Item, MetricInfo, Outcome
@@ -322,13 +322,7 @@ class RayExecutor:
         runs on). The node's pool bounds the requests of one call, as locally."""
 
         def answer() -> None:
-            try:
-                if llm is None:
-                    raise ModelNotConfigured(NO_JUDGE_MODEL)
-                # checked on the node (its worker pool), as locally
-                reply: dict[str, Any] = {"text": str(llm(event["instructions"], event["input"], event["settings"]))}
-            except Exception as exc:  # noqa: BLE001 - every failure is answered, or the call would wait
-                reply = _llm_error(exc)
+            reply = answer_llm(llm, event.get("instructions"), event.get("input"), event.get("settings"))
             with contextlib.suppress(Exception):  # the node is gone or the metric closed: nobody is waiting
                 self._call(host.actor.llm_reply.remote, call_id, event.get("request"), reply)
 
@@ -360,15 +354,6 @@ class RayExecutor:
         with self._cond:
             hosts = [host for host in self._hosts if host.ready]
         return [self._call(self._ray.get, host.actor.pids.remote(), timeout=30) for host in hosts]
-
-
-def _llm_error(exc: BaseException) -> dict[str, Any]:
-    kind = judge_failure(exc)
-    called = exc if isinstance(exc, LLMCallError) else None  # a failed call says its HTTP status
-    return {"error": {
-        "failure": str(kind or Failure.JUDGE_ERROR), "message": exception_text(exc) if kind is None else str(exc),
-        "status": called.status if called else None, "refused": called.refused if called else False,
-    }}
 
 
 def _ray_failure(exc: BaseException) -> str:

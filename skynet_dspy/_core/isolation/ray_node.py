@@ -73,8 +73,7 @@ class NodeHost:
             raise LLMCallError("llm() got no answer from the user's process before its metric call ended") from None
         if "text" in reply:
             return str(reply["text"])
-        error = reply["error"]  # the driver's (ray_cluster._llm_error)
-        raise judge_error(Failure(error["failure"]), error["message"], error["status"], error["refused"])
+        raise judge_error(reply["error"])
 
     def _run(self, call_id: int, request: CallRequest) -> None:
         try:

@@ -70,8 +70,7 @@ class _ParentLLM:
                 self._in_flight -= 1
         if "text" in reply:
             return str(reply["text"])
-        error = reply["error"]
-        raise judge_error(Failure(error["failure"]), error["message"], error["status"], error["refused"])
+        raise judge_error(reply["error"])
 
     def end_call(self) -> bool:
         """End the call in progress: llm() fails at once from now on. True when a request is still awaiting

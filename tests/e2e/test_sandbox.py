@@ -577,13 +577,20 @@ threading.Event().wait()
 '''
 
 
+def _parent(pid: int) -> int | None:
+    """The parent of `pid`; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return int(file.read().rpartition(b")")[2].split()[1])
+    except OSError:
+        return None
+
+
 def test_a_stopped_sandbox_ends_with_the_users_process(tmp_path):
     """Finding 5, sandboxed: the template, its workers and bubblewrap's own processes, all stopped (SIGSTOP), still
     end when the user's process is killed: bubblewrap's --die-with-parent, and its PID namespace with it."""
     import signal
     import subprocess
-
-    from skynet_dspy._core.isolation import tree
 
     path = write_metric(tmp_path, PREFORKED)
     script = write_metric(tmp_path, STAYS_LOADED, "user.py")
@@ -591,7 +598,7 @@ def test_a_stopped_sandbox_ends_with_the_users_process(tmp_path):
     try:
         worker = int(user.stdout.readline())
         chain = [worker]  # the worker, the template, bubblewrap's init and bubblewrap, up to the user's process
-        while (above := tree.parent(chain[-1])) not in (None, user.pid, 1):
+        while (above := _parent(chain[-1])) not in (None, user.pid, 1):
             chain.append(above)
         assert len(chain) >= 3, chain
         for pid in chain:
@@ -599,7 +606,7 @@ def test_a_stopped_sandbox_ends_with_the_users_process(tmp_path):
         user.kill()
         user.wait()
         deadline = time.monotonic() + 60
-        while (left := [pid for pid in chain if tree.parent(pid) is not None]) and time.monotonic() < deadline:
+        while (left := [pid for pid in chain if _parent(pid) is not None]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == [], "a stopped sandboxed process outlived the user's process"
     finally:

@@ -30,6 +30,7 @@ MAX_LLM_AT_ONCE = 16  # llm() requests one worker may have in flight; more are r
 _STOP_GRACE = 1.0  # seconds bwrap may take to exit after the worker it started did
 _NO_MESSAGE = object()  # no whole message received yet
 PARENT_VARIABLE = "SKYNET_DSPY_PARENT"  # the user's process's pid: a template or worker dies with it
+MEMORY_VARIABLE = "SKYNET_DSPY_MAX_MEMORY"  # bytes of address space a sandboxed template and its workers may map
 class Gone(Exception):
     """The worker process exited (or its socket closed, or it sent what is not plain data) while a reply was
     awaited."""

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import WorkerError
-from . import seccomp
+from . import handle, seccomp
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; Arch: "
@@ -41,12 +41,6 @@ _ETC = (
     "ca-certificates", "pki", "alternatives", "os-release", "fonts", "matplotlibrc",
 )
 _SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt")
-# Sets the memory limit, then becomes the worker: bwrap has no option for resource limits, and a limit set
-# before the fork in the user's process would need preexec_fn, which is unsafe beside DSPy's threads.
-_LIMIT_CODE = (
-    "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
-    "os.execv(sys.argv[2], sys.argv[2:])"
-)
 
 
 @dataclass(frozen=True)
@@ -78,9 +72,8 @@ class Sandbox:
         env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
         readable = _readable(self.read_only)
         inside_cwd = cwd if any(_under(cwd, path) for path in readable) else "/tmp"
-        command = list(argv)
-        if self.max_memory is not None:
-            command = [sys.executable, "-c", _LIMIT_CODE, str(int(self.max_memory)), *command]
+        if self.max_memory is not None:  # set by the template (worker.prepare): bwrap has no option for it
+            env[handle.MEMORY_VARIABLE] = str(int(self.max_memory))
         args = [
             # --disable-userns: no user namespace inside, whose root would own (root's) files mapped in it
             "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -106,7 +99,7 @@ class Sandbox:
         for path in readable:
             args += ["--ro-bind", path, path]
         filters = ["--seccomp", str(rules)] if rules is not None else []
-        return [bwrap, *args, *filters, "--chdir", inside_cwd, "--", *command], env, "/"
+        return [bwrap, *args, *filters, "--chdir", inside_cwd, "--", *argv], env, "/"
 
     def start_error(self, printed: str | None) -> WorkerError:
         """The error for a template that did not start in the sandbox: bwrap's own message, and what to enable."""
@@ -125,16 +118,10 @@ def sandbox_for(source: Any, sandbox: bool, network: bool, isolation: str = "pro
         if network:
             raise ValueError("sandbox_network=True lets a sandboxed worker use the network; it needs sandbox=True")
         return None
-    if isolation == "ray":
+    if isolation != "process":  # score would run in this process, or on a Ray cluster's own nodes
         raise ValueError(
-            "sandbox=True sandboxes worker processes on this machine; a Ray cluster's nodes run the metric "
-            "unsandboxed, so the two cannot be combined. Drop sandbox= (and isolate the cluster's nodes), or "
-            "use isolation='process'"
-        )
-    if isolation != "process":
-        raise ValueError(
-            "sandbox=True runs the metric in sandboxed worker processes; it cannot be combined with "
-            f"isolation={isolation!r} (score would run in this process). Drop isolation= or sandbox="
+            "sandbox=True runs the metric in sandboxed worker processes on this machine; it cannot be combined "
+            f"with isolation={isolation!r}. Drop isolation= or sandbox= (a Ray cluster's nodes are yours to isolate)"
         )
     if not sys.platform.startswith("linux"):
         raise WorkerError(f"sandbox=True needs Linux (bubblewrap and its namespaces); this is {sys.platform}")

@@ -43,8 +43,8 @@ PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker ap
 THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
 # Taken before the metric loads, which may replace what the os module holds.
-_getpid, _getppid, _fork_process, _setsid, _close, _exit = os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit
-_dup2 = os.dup2
+_getpid, _getppid, _fork_process, _setsid, _close, _exit, _dup2 = (
+    os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit, os.dup2)
 # Started with -P (no current directory or script folder first): the user's import path goes after the standard
 # library and site-packages, never ahead of them.
 _TEMPLATE_CODE = (

@@ -32,12 +32,6 @@ def _processes() -> dict[int, int]:
     return found
 
 
-def parent(pid: int) -> int | None:
-    """The parent of `pid`; None when it is gone."""
-    fields = _stat(pid)
-    return int(fields[1]) if len(fields) > 1 else None
-
-
 def descendants(pid: int) -> list[int]:
     """The live processes below `pid` in the process tree."""
     children: dict[int, list[int]] = {}

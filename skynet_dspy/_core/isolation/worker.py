@@ -10,6 +10,7 @@ import importlib
 import linecache
 import os
 import pickle
+import resource
 import signal
 import sys
 import threading
@@ -25,7 +26,7 @@ from ..loading import LoadedMetric, load, register_skynet
 from ..types import Failure, Item, Outcome
 from ..values import exception_text
 from . import tree, wire
-from .handle import PARENT_VARIABLE
+from .handle import MEMORY_VARIABLE, PARENT_VARIABLE
 
 _worker_pid = os.getpid()
 # Taken before the metric loads, which may replace what the os module holds.
@@ -187,6 +188,9 @@ def prepare() -> None:
     parent = os.environ.pop(PARENT_VARIABLE, None)
     if parent:  # started by the user's process (not in a sandbox, whose bwrap dies with it): die with it
         die_with(int(parent))
+    limit = int(os.environ.pop(MEMORY_VARIABLE, 0))
+    if limit:  # its workers inherit it
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the user's process's to handle
     os.register_at_fork(after_in_parent=_forked.set)
     register_skynet()

@@ -47,6 +47,7 @@ def test_a_bwrap_that_cannot_create_namespaces_is_a_clear_error_naming_user_name
 
 @pytest.mark.parametrize("options, error, message", [
     ({"sandbox": True, "isolation": "thread"}, ValueError, "cannot be combined with isolation='thread'"),
+    ({"sandbox": True, "isolation": "ray"}, ValueError, "cannot be combined with isolation='ray'.*Ray cluster"),
     ({"sandbox_network": True}, ValueError, "needs sandbox=True"),
     ({"sandbox": "yes"}, TypeError, "True or False"),
 ])

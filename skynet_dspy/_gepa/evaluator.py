@@ -14,7 +14,6 @@ from .._core import loading, secrets
 from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from .._core.errors import MetricLoadError, SpendCapReached
-from .._core.isolation import runner
 from .._core.isolation.process import ProcessExecutor
 from .._core.isolation.sandbox import folders_of, sandbox_for
 from .._core.options import MetricSource, ModelSpec, ScoringOptions, check_names
@@ -24,6 +23,7 @@ from .._dspy import hooks, measure, translate
 from .._dspy.metric import Metric, load_metric, reject_options_for_loaded
 from .._dspy.score import _NO_OUTPUT
 from .._judge import is_lm
+from . import run_workers
 from .examples import as_example
 
 
@@ -115,7 +115,7 @@ class Evaluator:
                 cap.check()  # the program's spending cap is reached: run() is not even started
             if self.workers is not None:  # in a worker: what run() does cannot stall or end this process
                 request = CallRequest(input=translate.detach(input_values), output=artifact, expected=None)
-                output, failed, feedback = _ran(self.workers.run(request, None), self.workers.timeout)
+                output, failed, feedback = run_workers.ran(self.workers.run(request, None), self.workers.timeout)
                 if failed is not None:
                     return scorer.failed(failed, feedback=feedback), _NO_OUTPUT
                 unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured"
@@ -144,35 +144,6 @@ class Evaluator:
     def __repr__(self) -> str:
         name = getattr(self.run, "__qualname__", type(self.run).__name__)
         return f"<skynet_dspy evaluator run={name} metric={self.metric.info.label}>"
-
-
-def _ran(outcome: Outcome, timeout: float) -> tuple[Any, Outcome | None, str]:
-    """What run(artifact, input) in a worker gave: (its output, None, ""), or (None, the failure, the feedback the
-    reflection model reads: run's own error, else built from nothing the candidate chose)."""
-    extra = outcome.result.extra if outcome.result is not None else {}
-    if runner.ERROR in extra:
-        text = f"run(artifact, input) raised {extra[runner.ERROR]}"
-        return None, Outcome(failure=Failure.RUN_EXCEPTION, error_type=str(extra.get(runner.ERROR_TYPE)),
-                             detail=text), text
-    if outcome.result is not None:
-        return extra.get(runner.OUTPUT), None, ""
-    failure = outcome.failure
-    # no worker could load run(): a setup problem, not this candidate's fault (GEPA's cache must not keep it)
-    detail = str(outcome.detail).replace("score()", "run()")
-    failed = Outcome(failure=Failure.LOAD if failure is Failure.LOAD else Failure.RUN_EXCEPTION,
-                     error_type=outcome.error_type or str(failure),
-                     detail=f"run(artifact, input) in its worker process: {detail}")
-    if failure is Failure.TIMEOUT:
-        said = f"did not return within {timeout:g} s, so it was stopped"
-    elif failure is Failure.CRASHED and outcome.error_type == "fork":
-        said = "started a process with os.fork(), which is not allowed, so it was stopped"
-    elif failure is Failure.INVALID:
-        said = "returned a value that could not be passed on to the metric"
-    elif failure is Failure.LOAD:
-        said = "could not be loaded in a worker process; this is a setup problem, not a fault of the candidate"
-    else:
-        said = "ended its process (an exit, a crash or a signal) before returning"
-    return None, failed, f"run(artifact, input) {said}"
 
 
 # Failures that say nothing of the candidate (the metric was not run, or a spending cap refused the calls):
@@ -302,4 +273,4 @@ def _run_workers(
     sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
     if sandbox is not None:
         sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
-    return runner.run_workers(run_fn, timeout, path=path, launcher=sandbox)
+    return run_workers.start(run_fn, timeout, path=path, launcher=sandbox)

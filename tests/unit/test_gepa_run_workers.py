@@ -1,5 +1,5 @@
-"""runner.py, and the evaluator reading what it gives, through the public API: make_evaluator(run_isolation=
-"process") runs run(artifact, input) in workers."""
+"""_gepa/run_workers.py through the public API: make_evaluator(run_isolation="process") runs run(artifact, input)
+in workers."""
 
 from __future__ import annotations
 
@@ -40,6 +40,26 @@ def test_run_happens_in_another_process_and_its_plain_output_reaches_the_metric(
         assert evaluator.workers.worker_pids == []  # each call's worker is gone once it answered
         assert evaluator("any", EXAMPLE)[0] == 1.0  # the next call: a new worker, forked from the template
     evaluator.metric.close()
+
+
+@pytest.mark.parametrize("given", ["function", "path"])
+def test_a_run_worker_imports_neither_dspy_nor_the_gepa_adapter(tmp_path, given):
+    """run() is dressed as a score in the GEPA adapter, and sent by value: its workers import the core only."""
+    run_file = tmp_path / "run.py"
+    run_file.write_text("import sys\n\ndef run(artifact, input):\n"
+                        "    return sorted(m for m in sys.modules if m.split('.')[0] in ('dspy', 'litellm', 'gepa')\n"
+                        "                  or m.startswith('skynet_dspy._gepa'))\n")
+    run = str(run_file) if given == "path" else _run_of(run_file)
+    with skynet_dspy.make_evaluator(run, score, run_isolation="process") as evaluator:
+        assert evaluator("any", EXAMPLE)[1]["Generated Outputs"] == "[]"
+    evaluator.metric.close()
+
+
+def _run_of(path):
+    """`run` as a function defined in this process (a notebook's), not loaded from a file."""
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["run"]
 
 
 def test_an_output_that_is_not_plain_data_arrives_as_its_repr():

@@ -51,6 +51,7 @@ class CaseStability:
     verdict_changed: bool  # a success (score above 0, or at/above success_threshold) on some runs, not on others
     failures: tuple[str, ...]  # the failure kinds of the runs that failed
     runs: int
+    feedback: tuple[str, ...] = ()  # each run's feedback, in order: where the reasons differ, the judge has room
 
     @property
     def spread(self) -> float:
@@ -214,6 +215,7 @@ def _case(number: int, results: list[Result], threshold: float | None) -> CaseSt
         len(verdicts) > 1,
         tuple(str(result.failure) for result in results if result.failure is not None),
         len(results),
+        tuple(result.feedback for result in results),
     )
 
 

@@ -61,6 +61,8 @@ def test_repeat_finds_exactly_the_cases_the_judge_answers_at_random(judge_server
         assert len(case["score"]["values"]) == 5
         expected_spread = 1.0 if case["case"] in RANDOM_CASES else 0.0
         assert case["score"]["spread"] == expected_spread
+        # each run's own feedback, to read where the judge's reasons differ
+        assert len(case["feedback"]) == 5 and len(set(case["feedback"])) == (2 if case["case"] in RANDOM_CASES else 1)
     # the cost was shown before the repeats ran, estimated from the first pass
     estimate = [record.getMessage() for record in caplog.records if "repeating each case" in record.getMessage()]
     assert estimate and "24 more call(s)" in estimate[0] and "about 24 judge request(s)" in estimate[0]

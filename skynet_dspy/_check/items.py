@@ -128,17 +128,6 @@ def named_scores(calls: list[Call]) -> CheckItem:
     return CheckItem(name, Status.PASSED, f"{', '.join(names[0])} on every call")
 
 
-def _shape_hint(case: Case, output_fields: Any) -> str:
-    """When a case's expected values hold more than one field, how to make them look like the output."""
-    if output_fields is not None or not case.expected or len(case.expected) < 2:
-        return ""
-    return (
-        f". Its expected values hold {len(case.expected)} fields ({', '.join(map(str, case.expected))}) and were "
-        "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
-        "(--output-fields a,b on the command line)"
-    )
-
-
 def same_value(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
@@ -177,7 +166,15 @@ class _Tried:
         return min(call.result.score for call in self.perfect)
 
     def hint(self, call: Call) -> str:
-        return _shape_hint(self.cases[call.case - 1], self.output_fields)
+        """When the call's case's expected values hold more than one field, how to make them look like the output."""
+        case = self.cases[call.case - 1]
+        if self.output_fields is not None or not case.expected or len(case.expected) < 2:
+            return ""
+        return (
+            f". Its expected values hold {len(case.expected)} fields ({', '.join(map(str, case.expected))}) and were "
+            "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
+            "(--output-fields a,b on the command line)"
+        )
 
 
 def perfect_output(

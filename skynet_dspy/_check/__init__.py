@@ -137,11 +137,9 @@ def _check_calls(metric: Metric, report: ContractReport, checked: list[Case], pr
     with _adapter_warnings_silenced():
         _run_calls(metric, checked, report, progress)
     report.stopped = len(checked) - len(report.cases)  # a call did not return in time: the rest were not run
-    calls = report.calls
-    report.items += [items.return_value(calls), items.timeout_item(calls, metric.timeout), items.named_scores(calls),
-                     items.perfect_output(calls, checked, metric.output_fields, metric.failure_score)]
-    if not report.calls:
-        _nothing_to_score(report, checked, metric.output_fields)
+    calls, fields = report.calls, metric.output_fields
+    report.items += [items.return_value(calls, checked, fields), items.timeout_item(calls, metric.timeout),
+                     items.named_scores(calls), items.perfect_output(calls, checked, fields, metric.failure_score)]
 
 
 def _repeat(metric: Metric, report: ContractReport, runs: int, max_spread: float, before: JudgeUsage,
@@ -153,26 +151,6 @@ def _repeat(metric: Metric, report: ContractReport, runs: int, max_spread: float
         with _adapter_warnings_silenced():
             stability.repeat_cases(metric, report, report.stability, progress)
     report.items.append(stability.stability_item(report.stability, broken))
-
-
-def _nothing_to_score(report: ContractReport, checked: list[Case], output_fields: Any) -> None:
-    """No call could be made: say why, and name the likely typo in output_fields."""
-    from .._core.values import closest
-
-    labels = sorted({str(key) for case in checked for key in (case.expected or {})})
-    hint = ""
-    if output_fields:
-        guess = closest(output_fields[0], labels)
-        hint = f" (did you mean {guess!r}?)" if guess and guess not in output_fields else ""
-    message = (
-        "no call could be made: no case gives an 'output', and no case's expected values hold the output fields "
-        f"{', '.join(output_fields or [])}{hint} (labels present: {', '.join(labels) or 'none'}). Give cases an "
-        "'output', or name output fields the labels hold"
-    )
-    report.items = [
-        CheckItem(Item.RETURN_VALUE, Status.FAILED, message) if item.name == Item.RETURN_VALUE else item
-        for item in report.items
-    ]
 
 
 def _source_name(source: Any) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._core.contract import MAX_TIMEOUT, was_cut
 from .._core.types import Failure, Item, Status
+from .._core.values import closest
 from .cases import Case
 from .report import Call, CheckItem, Role
 
@@ -20,8 +21,10 @@ _PERFECT = Item.PERFECT_OUTPUT
 _NAMED_SCORE_RULES = ("scores is not a dict", "too many named scores", "named score")
 
 
-def return_value(calls: list[Call]) -> CheckItem:
+def return_value(calls: list[Call], cases: list[Case], output_fields: Any) -> CheckItem:
     name = Item.RETURN_VALUE
+    if not calls:
+        return CheckItem(name, Status.FAILED, _nothing_to_score(cases, output_fields))
     broken = _broken_calls(calls)
     if broken:
         failed = sum(call.result.failure is not None and call.result.failure not in STOPPING for call in calls)
@@ -33,8 +36,7 @@ def return_value(calls: list[Call]) -> CheckItem:
         return CheckItem(name, Status.FAILED, f"{broken[0].label}: {broken[0].problem.rstrip('.')}.{more}{advice}")
     valid = [call for call in calls if call.result.ok]
     if not valid:
-        why = "no call returned in time" if calls else "no call was made"
-        return CheckItem(name, Status.NOT_RUN, f"not checked: {why}")
+        return CheckItem(name, Status.NOT_RUN, "not checked: no call returned in time")
     extra = sorted({str(key) for call in valid for key in call.result.extra})
     kept = f"; extra keys kept for you, not shown to the optimizer: {', '.join(extra)}" if extra else ""
     summary = f"valid (score, {{'feedback': ...}}) on {len(valid)} call(s){kept}"
@@ -42,6 +44,20 @@ def return_value(calls: list[Call]) -> CheckItem:
     if notes:
         return CheckItem(name, Status.WARNING, f"{summary}; but {'; and '.join(notes)}")
     return CheckItem(name, Status.PASSED, summary)
+
+
+def _nothing_to_score(cases: list[Case], output_fields: Any) -> str:
+    """Why no call could be made, naming the likely typo in output_fields."""
+    labels = sorted({str(key) for case in cases for key in (case.expected or {})})
+    hint = ""
+    if output_fields:
+        guess = closest(output_fields[0], labels)
+        hint = f" (did you mean {guess!r}?)" if guess and guess not in output_fields else ""
+    return (
+        "no call could be made: no case gives an 'output', and no case's expected values hold the output fields "
+        f"{', '.join(output_fields or [])}{hint} (labels present: {', '.join(labels) or 'none'}). Give cases an "
+        "'output', or name output fields the labels hold"
+    )
 
 
 def _broken_calls(calls: list[Call]) -> list[Call]:
@@ -112,17 +128,6 @@ def named_scores(calls: list[Call]) -> CheckItem:
     return CheckItem(name, Status.PASSED, f"{', '.join(names[0])} on every call")
 
 
-def _shape_hint(case: Case, output_fields: Any) -> str:
-    """When a case's expected values hold more than one field, how to make them look like the output."""
-    if output_fields is not None or not case.expected or len(case.expected) < 2:
-        return ""
-    return (
-        f". Its expected values hold {len(case.expected)} fields ({', '.join(map(str, case.expected))}) and were "
-        "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
-        "(--output-fields a,b on the command line)"
-    )
-
-
 def same_value(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
@@ -161,7 +166,15 @@ class _Tried:
         return min(call.result.score for call in self.perfect)
 
     def hint(self, call: Call) -> str:
-        return _shape_hint(self.cases[call.case - 1], self.output_fields)
+        """When the call's case's expected values hold more than one field, how to make them look like the output."""
+        case = self.cases[call.case - 1]
+        if self.output_fields is not None or not case.expected or len(case.expected) < 2:
+            return ""
+        return (
+            f". Its expected values hold {len(case.expected)} fields ({', '.join(map(str, case.expected))}) and were "
+            "given as a dict: if the output is only some of them, pass output_fields=[...] naming those "
+            "(--output-fields a,b on the command line)"
+        )
 
 
 def perfect_output(

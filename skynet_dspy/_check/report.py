@@ -126,13 +126,15 @@ class ContractReport:
 
     def case_rows(self) -> list[tuple[CaseRun, dict[str, Any]]]:
         """Each case scored, with the columns repeat= and human= add: what results_frame(report) shows."""
-        sections = [section for section in (self.stability, self.agreement) if section is not None]
-        return [(run, {name: value for section in sections for name, value in section.columns(number).items()})
+        return [(run, {name: value for section in self._sections.values()
+                       for name, value in section.columns(number).items()})
                 for number, run in enumerate(self.cases, 1) if run.own is not None]
 
     @property
-    def _sections(self) -> list[list[str]]:
-        return [section.lines() for section in (self.stability, self.agreement) if section is not None]
+    def _sections(self) -> dict[str, Stability | Agreement]:
+        """The sections repeat= and human= add, by their key in to_dict()."""
+        return {name: section for name, section in (("stability", self.stability), ("agreement", self.agreement))
+                if section is not None}
 
     @property
     def ok(self) -> bool:
@@ -190,8 +192,8 @@ class ContractReport:
                 first, *rest = _feedback_lines(safe_text.for_terminal(secrets.redact(call.result.feedback)), room)
                 lines.append(f"  {call.label.ljust(label_width)}  {shown}  {first}".rstrip())
                 lines.extend(under + line for line in rest)
-        for section in self._sections:
-            lines.extend(["", *section])
+        for section in self._sections.values():
+            lines.extend(["", *section.lines()])
         lines += ["", self.verdict]
         return safe_text.for_terminal(secrets.redact("\n".join(lines)))
 
@@ -201,7 +203,7 @@ class ContractReport:
         colored = [(item.name, (str(item.status), f"color:{_COLORS[item.status]};font-weight:bold"), item.message)
                    for item in self.items]
         calls = [(call.label, _score_text(call.result), clip(call.result.feedback, 2000)) for call in self.calls]
-        sections = "".join(f"<pre>{_html(chr(10).join(section))}</pre>" for section in self._sections)
+        sections = "".join(f"<pre>{_html(chr(10).join(section.lines()))}</pre>" for section in self._sections.values())
         color = _COLORS[Status.FAILED] if not self.ok else _COLORS[Status.PASSED]
         return (
             f"<div><p><b>{_html(self.heading)}</b>: <span style='color:{color}'>{_html(self.verdict)}</span></p>"
@@ -229,8 +231,7 @@ class ContractReport:
                  "feedback": secrets.redact(call.result.feedback), "seconds": round(call.seconds, 4)}
                 for call in self.calls
             ],
-            **({"stability": self.stability.to_dict()} if self.stability is not None else {}),
-            **({"agreement": self.agreement.to_dict()} if self.agreement is not None else {}),
+            **{name: section.to_dict() for name, section in self._sections.items()},
         })
         return data
 

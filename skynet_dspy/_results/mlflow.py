@@ -155,9 +155,7 @@ def _flat(prefix: str, values: Any) -> dict[str, float]:
 
 
 def _cell(value: Any) -> Any:
-    if isinstance(value, str):
-        return safe_text.valid_utf8(value)
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (str, bool, int, float)):  # results_frame's text is valid UTF-8 already
         return value
     try:
         return safe_text.json_text(value, default=str)

@@ -25,9 +25,9 @@ from cachetools import LRUCache
 
 from .._core import secrets
 from .._core.context import llm_pool
+from .._core.errors import require_extra
 from .._core.logs import logger
 from .._core.values import whole_number
-from ..errors import MissingExtra
 from .endpoints import is_credential_setting, public_settings, register_url_credentials
 from .limits import Cancelled
 
@@ -372,11 +372,7 @@ class RedisStore(AnswerCache):
     """Answers on a Redis server (`judge_cache="redis://..."`), shared by runs on several machines."""
 
     def __init__(self, url: str):
-        try:
-            import redis
-        except ImportError:
-            raise MissingExtra("judge_cache='redis://...' needs the redis client: pip install 'skynet-dspy[redis]'") \
-                from None
+        redis = require_extra("redis", "redis", "judge_cache='redis://...'")
         register_url_credentials(url)  # redis://:password@host, as written and decoded
         super().__init__(secrets.redact(url))
         self.errors = (redis.RedisError, OSError)

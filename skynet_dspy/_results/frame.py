@@ -9,8 +9,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
+from .._core.errors import require_extra
 from . import table
-from .extras import require
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +52,7 @@ def results_frame(evaluation: EvaluationResult | ContractReport, *, include_expe
     """
     if not isinstance(include_expected, bool):
         raise TypeError(f"include_expected must be True or False, got {include_expected!r}")
-    require("pandas", "report", "skynet_dspy.results_frame()")
+    require_extra("pandas", "report", "skynet_dspy.results_frame()")
     case_rows = getattr(evaluation, "case_rows", None)
     # a ContractReport: a row per case, with the columns of its repeats and human scores
     cases = case_rows() if callable(case_rows) else None
@@ -95,7 +95,7 @@ def results_style(frame: pd.DataFrame) -> Styler:
     """
     import pandas as pd
 
-    require("jinja2", "report", "skynet_dspy.results_style()")
+    require_extra("jinja2", "report", "skynet_dspy.results_style()")
     groups = frame.attrs.get("skynet", {})
     shown = frame.head(pd.get_option("display.max_rows") or len(frame))
     styler = shown.style

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
+from .._core.errors import require_extra
 from .._core.safe_text import for_html, for_plot, literal_text
 from .._dspy.record import ATTRIBUTE, RunRecord, record_of
-from .extras import require
 from .receipt import CostReceipt
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class OptimizationReport:
 
         Candidates are points, the best score so far a step line, named-score means dashed. The Figure is its own
         (no pyplot), every label drawn literally (no mathtext)."""
-        require("matplotlib", "report", "report.plot()")
+        require_extra("matplotlib", "report", "report.plot()")
         from matplotlib.figure import Figure
 
         figure = Figure(figsize=(8.5, 4.2))

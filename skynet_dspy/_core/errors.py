@@ -3,6 +3,8 @@ still a ValueError) and a redacted message: no credential reaches a traceback, a
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from .secrets import redact
@@ -97,6 +99,17 @@ class DataError(SkynetDspyError, ValueError):
 
 class MissingExtra(SkynetDspyError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import `module`, or raise MissingExtra saying which extra of skynet-dspy brings it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtra(
+            f"{purpose} needs {module.partition('.')[0]}, which is not installed ({exc}); it comes with "
+            f"skynet-dspy's [{extra}] extra: pip install 'skynet-dspy[{extra}]'"
+        ) from None
 
 
 NO_JUDGE_MODEL = (

@@ -15,7 +15,6 @@ import socket
 import sqlite3
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +25,10 @@ from cachetools import LRUCache
 
 from .._core import secrets
 from .._core.context import llm_pool
+from .._core.errors import require_extra
 from .._core.logs import logger
 from .._core.values import whole_number
-from ..errors import MissingExtra
-from .endpoints import is_credential_setting, public_settings
+from .endpoints import is_credential_setting, public_settings, register_url_credentials
 from .limits import Cancelled
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
@@ -373,12 +372,8 @@ class RedisStore(AnswerCache):
     """Answers on a Redis server (`judge_cache="redis://..."`), shared by runs on several machines."""
 
     def __init__(self, url: str):
-        try:
-            import redis
-        except ImportError:
-            raise MissingExtra("judge_cache='redis://...' needs the redis client: pip install 'skynet-dspy[redis]'") \
-                from None
-        secrets.register(urllib.parse.urlsplit(url).password)  # redis://:password@host
+        redis = require_extra("redis", "redis", "judge_cache='redis://...'")
+        register_url_credentials(url)  # redis://:password@host, as written and decoded
         super().__init__(secrets.redact(url))
         self.errors = (redis.RedisError, OSError)
         try:

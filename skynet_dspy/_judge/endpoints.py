@@ -30,10 +30,8 @@ def public_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 class Settings(dict[str, Any]):
     """An endpoint's settings, whose repr masks credentials (credential settings, headers, a key inside api_base)."""
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # str() too: dict has no __str__ of its own
         return secrets.redact(repr(public_settings(self)))
-
-    __str__ = __repr__
 
 
 # Query parameters holding a credential, besides names with KEY, TOKEN, SECRET... in them (`?api_key=`, `&token=`).

@@ -108,14 +108,13 @@ class EndpointState:
     def paused(self) -> bool:
         return time.monotonic() < self.paused_until
 
-    def rate_limited(self, seconds: float) -> bool:
-        """A 429 that asks to wait `seconds` (bounded): True when it follows another 429, and so pauses every request
-        to the endpoint that has not started; False for a lone one (only its own request waits)."""
+    def rate_limited(self, seconds: float) -> None:
+        """A 429 that asks to wait `seconds` (bounded): when it follows another 429, every request to the endpoint
+        that has not started pauses that long; after a lone one, only its own request waits."""
         with self.lock:
-            clustered, self.throttled = self.throttled, True
-            if clustered and math.isfinite(seconds) and seconds > 0:
+            if self.throttled and math.isfinite(seconds) and seconds > 0:
                 self.paused_until = max(self.paused_until, time.monotonic() + seconds)
-            return clustered
+            self.throttled = True
 
     def unreachable(self, error: str) -> None:
         """A connection refused, a name that does not resolve: requests to the endpoint fail at once for a while."""

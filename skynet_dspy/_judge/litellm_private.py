@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .._core.values import as_number
+
 LITELLM_CHECKED = "1.110.2"
 
 
@@ -14,11 +16,7 @@ def response_cost(response: Any) -> float | None:
     """The USD cost LiteLLM computed for a response (`_hidden_params["response_cost"]`), or None when unpriced; the
     public litellm.completion_cost() recomputes it and prints a banner when it cannot."""
     hidden = getattr(response, "_hidden_params", None)
-    cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
-    try:
-        return None if cost is None else float(cost)
-    except (TypeError, ValueError):
-        return None
+    return as_number(hidden.get("response_cost")) if isinstance(hidden, dict) else None
 
 
 _quiet_lock = threading.Lock()

@@ -9,8 +9,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
+from .._core.errors import require_extra
 from . import table
-from .extras import require
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,16 +52,15 @@ def results_frame(evaluation: EvaluationResult | ContractReport, *, include_expe
     """
     if not isinstance(include_expected, bool):
         raise TypeError(f"include_expected must be True or False, got {include_expected!r}")
-    require("pandas", "report", "skynet_dspy.results_frame()")
+    require_extra("pandas", "report", "skynet_dspy.results_frame()")
     case_rows = getattr(evaluation, "case_rows", None)
-    if not callable(case_rows):
-        rows = table.rows_of(evaluation)
-        return _frame_of(rows, table.layout(rows, include_expected))
-    cases = case_rows()  # a ContractReport: a row per case, with the columns of its repeats and human scores
-    rows = [table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
+    # a ContractReport: a row per case, with the columns of its repeats and human scores
+    cases = case_rows() if callable(case_rows) else None
+    rows = table.rows_of(evaluation) if cases is None else [
+        table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
     frame = _frame_of(rows, table.layout(rows, include_expected))
-    for column in dict.fromkeys(name for _, columns in cases for name in columns):
-        frame[column] = [columns.get(column) for _, columns in cases]
+    for column in dict.fromkeys(name for _, columns in cases or [] for name in columns):
+        frame[column] = [columns.get(column) for _, columns in cases or []]
     return frame
 
 
@@ -69,22 +68,17 @@ def _frame_of(rows: list[table.Row], layout: table.Layout) -> pd.DataFrame:
     """The frame of `rows` laid out as `layout`: numeric dtypes for the number columns, text made safe."""
     import pandas as pd
 
-    records = [{name: _safe(value) for name, value in table.values(row, layout).items()} for row in rows]
-    frame = pd.DataFrame.from_records(records, columns=layout.columns) if records else pd.DataFrame(
-        columns=layout.columns)
+    safe = [{name: safe_text.valid_utf8(secrets.redact(value)) if isinstance(value, str) else value
+             for name, value in table.values(row, layout).items()} for row in rows]
+    frame = pd.DataFrame.from_records(safe, columns=layout.columns)
     for column in ["score", *layout.scores.values(), *(("run_ms", "cost_usd") if layout.measured else ())]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     if layout.measured:
         frame["model_calls"] = pd.to_numeric(frame["model_calls"], errors="coerce").astype("Int64")
-    frame["feedback"] = frame["feedback"].astype(str)
-    frame["failure"] = frame["failure"].astype(str)
+    frame[["feedback", "failure"]] = frame[["feedback", "failure"]].astype(str)
     frame.attrs["skynet"] = {group: list(getattr(layout, group).values())
                              for group in ("inputs", "outputs", "expected", "scores")}
     return frame
-
-
-def _safe(value: Any) -> Any:
-    return safe_text.valid_utf8(secrets.redact(value)) if isinstance(value, str) else value
 
 
 def results_style(frame: pd.DataFrame) -> Styler:
@@ -101,7 +95,7 @@ def results_style(frame: pd.DataFrame) -> Styler:
     """
     import pandas as pd
 
-    require("jinja2", "report", "skynet_dspy.results_style()")
+    require_extra("jinja2", "report", "skynet_dspy.results_style()")
     groups = frame.attrs.get("skynet", {})
     shown = frame.head(pd.get_option("display.max_rows") or len(frame))
     styler = shown.style

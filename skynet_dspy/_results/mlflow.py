@@ -11,7 +11,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
-from .extras import require
+from .._core.errors import require_extra
 
 if TYPE_CHECKING:
     import dspy
@@ -51,7 +51,7 @@ def log_to_mlflow(
     Returns:
         The run's id.
     """
-    mlflow = require("mlflow", "mlflow", "skynet_dspy.log_to_mlflow()")
+    mlflow = require_extra("mlflow", "mlflow", "skynet_dspy.log_to_mlflow()")
     if all(given is None for given in (evaluation, metric, report, contract)):
         raise ValueError("log_to_mlflow() needs something to log: an evaluation, metric=, report= or contract=")
     if not isinstance(run_id, (str, type(None))):
@@ -126,11 +126,9 @@ def _log_report(mlflow: Any, given: Any, run_id: str) -> dict[str, float]:
     except ImportError:  # no matplotlib: the text and JSON only
         pass
     metrics: dict[str, float] = {"report/candidates": float(len(found.candidates))}
-    if found.candidates:
-        metrics["report/best_score"] = found.candidates[found.best].score
-        metrics["report/seed_score"] = found.candidates[0].score
-        metrics |= _flat("report/seed/scores", found.candidates[0].scores)
-        metrics |= _flat("report/best/scores", found.candidates[found.best].scores)
+    for which, candidate in (("seed", found.seed), ("best", found.best_candidate)):
+        if candidate is not None:
+            metrics |= {f"report/{which}_score": candidate.score, **_flat(f"report/{which}/scores", candidate.scores)}
     if found.receipt is not None:
         metrics |= _flat("receipt", found.receipt.to_dict())
     return metrics
@@ -155,9 +153,7 @@ def _flat(prefix: str, values: Any) -> dict[str, float]:
 
 
 def _cell(value: Any) -> Any:
-    if isinstance(value, str):
-        return safe_text.valid_utf8(value)
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (str, bool, int, float)):  # results_frame's text is valid UTF-8 already
         return value
     try:
         return safe_text.json_text(value, default=str)

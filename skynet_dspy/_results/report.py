@@ -5,12 +5,14 @@ text, HTML in Jupyter and a PNG plot; every text made safe for its medium (_core
 from __future__ import annotations
 
 import difflib
+import itertools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text, secrets
-from .._core.safe_text import for_html
+from .._core.errors import require_extra
+from .._core.safe_text import for_html, for_plot, literal_text
 from .._dspy.record import ATTRIBUTE, RunRecord, record_of
 from .receipt import CostReceipt
 
@@ -93,10 +95,21 @@ class OptimizationReport:
         return "\n".join(chunks)
 
     def plot(self, path: str | Path | None = None) -> Any:
-        """A matplotlib Figure of validation score against metric calls spent; saved as PNG at `path` if given."""
-        from .plot import candidates_figure
+        """A matplotlib Figure of validation score against metric calls spent; saved as PNG at `path` if given.
 
-        figure = candidates_figure(self)
+        Candidates are points, the best score so far a step line, named-score means dashed. The Figure is its own
+        (no pyplot), every label drawn literally (no mathtext)."""
+        require_extra("matplotlib", "report", "report.plot()")
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=(8.5, 4.2))
+        axes = figure.add_subplot()
+        if any(c.metric_calls is not None for c in self.candidates):
+            _draw(axes, self)
+        else:
+            axes.text(0.5, 0.5, "no candidates to plot", ha="center", va="center", transform=axes.transAxes)
+            axes.set_axis_off()
+        literal_text(figure)
         if path is not None:
             figure.savefig(Path(path), format="png", dpi=110, bbox_inches="tight")
         return figure
@@ -193,6 +206,36 @@ def _number(value: float | None) -> str:
 def _diff_line(line: str) -> str:
     color = "#1a7f37" if line.startswith("+") else "#cf222e" if line.startswith("-") else "#6e7781"
     return f"<span style='color:{color}'>{for_html(line)}</span>\n"
+
+
+def _draw(axes: Any, report: Any) -> None:
+    """The plot's marks: candidates, the best score so far, named-score means, the best one, the calls spent."""
+    candidates = [c for c in report.candidates if c.metric_calls is not None]
+    calls = [c.metric_calls for c in candidates]
+    scores = [c.score for c in candidates]
+    best_so_far = list(itertools.accumulate(scores, max))
+    end = max(report.total_metric_calls or 0, calls[-1])
+    axes.step([*calls, end], [*best_so_far, best_so_far[-1]], where="post", color="#1a7f37", label="best so far")
+    axes.scatter(calls, scores, color="#0969da", zorder=3, label="candidate (validation mean)")
+    _named_score_lines(axes, candidates)
+    best = report.best_candidate
+    if best is not None and best.metric_calls is not None:
+        axes.annotate(f"best #{best.index}: {best.score:.3f}", (best.metric_calls, best.score),
+                      textcoords="offset points", xytext=(6, -14))
+    if report.total_metric_calls:
+        axes.axvline(report.total_metric_calls, color="#6e7781", linestyle=":", label="metric calls spent")
+    axes.set_xlabel("metric calls spent when found")
+    axes.set_ylabel("validation score")
+    axes.set_title(f"{for_plot(report.source)}: {len(report.candidates)} candidate(s)")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
+def _named_score_lines(axes: Any, candidates: list[Candidate]) -> None:
+    for name in dict.fromkeys(n for c in candidates for n in c.scores):
+        points = [(c.metric_calls, c.scores[name]) for c in candidates if name in c.scores]
+        axes.plot([x for x, _ in points], [y for _, y in points], linestyle="--", marker=".", alpha=0.6,
+                  label=f"{for_plot(name)} (mean)")
 
 
 # -- building a report ---------------------------------------------------------------------------------

@@ -151,9 +151,7 @@ def values(row: Row, columns: Layout) -> dict[str, Any]:
     cells["failure"] = row.failure
     if columns.measured:
         run = row.observation if row.observation is not None and row.observation.measured else None
-        cells["run_ms"] = run.run_ms if run else None
-        cells["cost_usd"] = run.cost_usd if run else None
-        cells["model_calls"] = run.model_calls if run else None
+        cells.update({name: getattr(run, name) if run else None for name in MEASURED})
     if columns.printed:
         cells["printed"] = row.printed
     return cells

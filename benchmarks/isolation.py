@@ -25,7 +25,7 @@ from typing import Any
 import skynet_dspy
 from benchmarks.common import METRICS, bare_score, echo_devset, on_another_thread, summarize_ns, timed_evaluate
 
-TARGET_PROCESS_US = 150.0  # issue 13: median overhead per call with isolation="process"
+TARGET_PROCESS_US = 200.0  # issue 32: median overhead per call with isolation="process", quiet 2 cores
 TARGET_CPU_SPEEDUP = 1.8  # issue 13: CPU-bound throughput, processes over threads, on 2 cores
 EXACT = METRICS / "exact_match.py"
 CPU_BOUND = METRICS / "cpu_bound.py"

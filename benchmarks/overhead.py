@@ -27,8 +27,8 @@ import skynet_dspy
 from benchmarks.common import METRICS, ROOT, bare_score, on_another_thread, summarize_ns
 
 ISOLATIONS = ("process", "thread")
-# Median overhead per call: the thread runner's budget (before issue 13), and issue 13's for worker processes.
-TARGET_US = {"process": 150.0, "thread": 20.0}
+# Median overhead per call on a quiet 2-core machine: issue 32's targets.
+TARGET_US = {"process": 200.0, "thread": 50.0}
 LABELS = ("billing", "bug", "how-to")
 GOLDS = 64
 METRIC = METRICS / "exact_match.py"

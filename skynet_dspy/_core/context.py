@@ -222,18 +222,24 @@ def current_or_none(helper: str) -> MetricCall | None:
     return call
 
 
-@contextmanager
-def calling(call: MetricCall) -> Iterator[MetricCall]:
+class calling:  # noqa: N801 - used as a function; a class, not @contextmanager: it runs on every call (~1 µs less)
     """Within this block, `call` is the metric call in progress."""
-    token = _current.set(call)
-    with _in_progress_lock:
-        _in_progress.append(call)
-    try:
-        yield call
-    finally:
-        _current.reset(token)
+
+    __slots__ = ("call", "token")
+
+    def __init__(self, call: MetricCall) -> None:
+        self.call = call
+
+    def __enter__(self) -> MetricCall:
+        self.token = _current.set(self.call)
         with _in_progress_lock:
-            _in_progress.remove(call)
+            _in_progress.append(self.call)
+        return self.call
+
+    def __exit__(self, *exc_info: object) -> None:
+        _current.reset(self.token)
+        with _in_progress_lock:
+            _in_progress.remove(self.call)
 
 
 def set_default_llm(handler: LLMHandler | None) -> None:

@@ -130,8 +130,7 @@ def _env_changed() -> bool:
     """Whether the environment may hold other credentials than when the pattern was built (cheap to ask)."""
     if len(os.environ) != _env_size:
         return True
-    get = os.environ.get
-    return any(get(name) != value for name, value in zip(_env_names, _env_values, strict=True))
+    return bool(_env_names) and tuple(map(os.environ.get, _env_names)) != _env_values
 
 
 def _pattern() -> re.Pattern[str]:
@@ -161,6 +160,7 @@ _SHAPE_HINTS = (
     "sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
     "hooks.slack.com", "eyJ", "PRIVATE KEY",
 )
+_HINTED = re.compile("|".join(map(re.escape, _SHAPE_HINTS)))  # one scan for all of them (~0.5 µs less a call)
 
 
 def redact(text: str) -> str:
@@ -170,7 +170,7 @@ def redact(text: str) -> str:
     literal = _pattern()
     if literal is not _NOTHING:
         text = literal.sub(MASK, text)
-    if any(hint in text for hint in _SHAPE_HINTS):
+    if _HINTED.search(text):
         for pattern, replacement, _ in _SHAPES:
             text = pattern.sub(replacement, text)
     return text

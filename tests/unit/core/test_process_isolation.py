@@ -220,3 +220,14 @@ def test_a_call_message_is_plain_pickle_unless_it_needs_the_users_script():
     message = {"kind": "call", "call": 1, "request": CallRequest({"q": "x"}, "billing", {"label": "billing"})}
     assert wire.to_worker(message) == pickle.dumps(message, protocol=wire.PROTOCOL)
     assert pickle.loads(wire.to_worker({"value": lambda: 1})) is not None  # by value: cloudpickle
+
+
+def test_a_call_request_crosses_to_a_worker_with_every_field():
+    """CallRequest pickles as its constructor's arguments (call.py): a field added later must travel too."""
+    import dataclasses
+
+    from skynet_dspy._core.call import CallRequest
+
+    values = {field.name: f"value of {field.name}" for field in dataclasses.fields(CallRequest)}
+    request = CallRequest(**values)
+    assert pickle.loads(pickle.dumps(request)) == request

@@ -45,9 +45,9 @@ def _judge_run(requests: int, label: str, pausing: str = "adaptive") -> dict[str
         judge = Judge(metric_lm={"model": MODEL, "api_base": server.url, "api_key": KEY}, cache=False)
         original = limits.EndpointState.rate_limited
 
-        def forced(state: limits.EndpointState, seconds: float) -> bool:
+        def forced(state: limits.EndpointState, seconds: float) -> None:
             state.throttled = pausing == "always"  # as if the last answer was a 429 (always), or never
-            return original(state, seconds)
+            original(state, seconds)
 
         if pausing != "adaptive":
             limits.EndpointState.rate_limited = forced  # type: ignore[method-assign]

@@ -215,7 +215,7 @@ def _case(number: int, results: list[Result], threshold: float | None) -> CaseSt
         len(verdicts) > 1,
         tuple(str(result.failure) for result in results if result.failure is not None),
         len(results),
-        tuple(result.feedback for result in results),
+        tuple(secrets.redact(result.feedback) for result in results),  # again: a key may be set since
     )
 
 

@@ -160,7 +160,6 @@ _SHAPE_HINTS = (
     "sk-", "Bearer", "Basic", "=", "@", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox",
     "hooks.slack.com", "eyJ", "PRIVATE KEY",
 )
-_HINTED = re.compile("|".join(map(re.escape, _SHAPE_HINTS)))  # one scan for all of them (~0.5 µs less a call)
 
 
 def redact(text: str) -> str:
@@ -170,7 +169,7 @@ def redact(text: str) -> str:
     literal = _pattern()
     if literal is not _NOTHING:
         text = literal.sub(MASK, text)
-    if _HINTED.search(text):
+    if any(hint in text for hint in _SHAPE_HINTS):  # not one regex: re tries each at every position
         for pattern, replacement, _ in _SHAPES:
             text = pattern.sub(replacement, text)
     return text

@@ -93,7 +93,7 @@ def test_overhead_row_times_every_call_in_both_isolations_against_the_bare_score
         assert overhead["score_calls"][isolation] == 2 * (calls + warmup)
         assert overhead["memo_hits"][isolation] == 2 * (calls + warmup)
         assert overhead["failures"][isolation] == 0
-    assert overhead["target_us"] == {"process": 150.0, "thread": 20.0}
+    assert overhead["target_us"] == {"process": 200.0, "thread": 50.0}
     _timing(overhead["thread_handoff_floor"])
     for where in ("main_thread", "worker_thread"):
         _timing(overhead[where]["bare"])
@@ -171,8 +171,8 @@ def test_isolation_row_times_both_isolations_and_pebble_in_one_loop(quick):
         assert part["overhead_p90_us"] == pytest.approx(part["p90_us"] - isolation["bare"]["p90_us"])
         if name != "pebble":
             assert part["score_calls"] == calls + warmup and part["failures"] == 0
-    assert isolation["target_us"] == 150.0
-    assert isolation["target_met"] == (isolation["process"]["overhead_median_us"] <= 150.0)
+    assert isolation["target_us"] == 200.0
+    assert isolation["target_met"] == (isolation["process"]["overhead_median_us"] <= 200.0)
     if has_pebble:
         assert f"pebble {isolation['pebble_version']} `ProcessPool`" in printed
 

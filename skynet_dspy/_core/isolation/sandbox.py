@@ -49,7 +49,8 @@ class Sandbox:
 
     network: keep the host's network (False: a network namespace with only its own loopback).
     read_only: further folders or files the worker may read (the metric's folder; what sys.path names is
-        always readable). max_memory: bytes of address space each worker process may map (RLIMIT_AS).
+        always readable). max_memory: bytes of address space each worker process may map (RLIMIT_AS, set by
+        the template before the import: worker.prepare).
     """
 
     network: bool = False

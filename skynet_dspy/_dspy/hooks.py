@@ -29,8 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._judge.litellm_private import LITELLM_CHECKED  # the one LiteLLM version both files are checked against
+
 DSPY_CHECKED = "3.4.1"
-LITELLM_CHECKED = "1.110.2"
 GEPA_CHECKED = "0.1.4"
 
 # The LiteLLM entry points a program may call directly (plain GEPA's run(), a custom DSPy engine).

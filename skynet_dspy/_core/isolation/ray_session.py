@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from ..errors import MissingExtra, WorkerError
+from ..errors import WorkerError, require_extra
 from ..logs import logger
 from ..secrets import MASK, credential_free_environment, env_credential, redact
 from . import tree
@@ -43,18 +43,6 @@ _HELPER = (
     "sys.stdin.read()\n"
     "ray.shutdown()\n"
 )
-
-
-def require_ray() -> ModuleType:
-    """The ray module, or MissingExtra naming the extra that brings it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingExtra(
-            f"isolation='ray' needs Ray, which is not installed ({exc}); it comes with skynet-dspy's [ray] extra: "
-            "pip install 'skynet-dspy[ray]'"
-        ) from None
-    return ray
 
 
 class _Session:
@@ -78,14 +66,14 @@ class _Session:
                 logger.warning("skynet-dspy: Ray is already connected in this process; RayCluster(address=%r) "
                                "is not used (call ray.shutdown() first to reach another cluster)", address)
             self.users += 1
-            return require_ray()
+            return require_extra("ray", "ray", "isolation='ray'")
 
     def _connect(self, address: str | None) -> None:
         if address is None and importlib.util.find_spec("ray") is not None:
             address = _running_local_ray()
             if address is None:
                 self._start_local()  # before `import ray` here: the two overlap
-        ray = require_ray()
+        ray = require_extra("ray", "ray", "isolation='ray'")
         try:
             self._quiet()
             if address is None:

@@ -120,7 +120,7 @@ def test_without_ray_installed_isolation_ray_is_a_clear_error_naming_the_extra(t
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2, done.stderr
     for line in lines:
-        assert "isolation='ray' needs Ray" in line and "pip install 'skynet-dspy[ray]'" in line
+        assert "isolation='ray' needs ray" in line and "pip install 'skynet-dspy[ray]'" in line
 
 
 # -- on a local Ray started by the session -------------------------------------------------------------

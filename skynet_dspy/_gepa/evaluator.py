@@ -115,9 +115,10 @@ class Evaluator:
                 cap.check()  # the program's spending cap is reached: run() is not even started
             if self.workers is not None:  # in a worker: what run() does cannot stall or end this process
                 request = CallRequest(input=translate.detach(input_values), output=artifact, expected=None)
-                output, failed, feedback = run_workers.ran(self.workers.run(request, None), self.workers.timeout)
-                if failed is not None:
-                    return scorer.failed(failed, feedback=feedback), _NO_OUTPUT
+                ran = run_workers.ran(self.workers.run(request, None), self.workers.timeout)
+                if ran.failed is not None:
+                    return scorer.failed(ran.failed, feedback=ran.feedback), _NO_OUTPUT
+                output = ran.output
                 unmeasured = "run() ran in a worker process (run_isolation='process'), where it is not measured"
             elif self.metric.measuring:
                 with self.metric.capping():  # the cap governs this run() call's model calls, no others

@@ -9,7 +9,7 @@ The dressed score is sent to the workers by value (cloudpickle), so a worker run
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._core.errors import MetricLoadError
 from .._core.isolation.process import ProcessExecutor
@@ -59,16 +59,24 @@ def start(run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = 
         ) from None
 
 
-def ran(outcome: Outcome, timeout: float) -> tuple[Any, Outcome | None, str]:
-    """What run(artifact, input) in a worker gave: (its output, None, ""), or (None, the failure, the feedback the
-    reflection model reads: run's own error, else built from nothing the candidate chose)."""
+class Ran(NamedTuple):
+    """What run(artifact, input) in a worker gave: its output, or the failure and the feedback the reflection model
+    reads (run's own error, else built from nothing the candidate chose)."""
+
+    output: Any = None
+    failed: Outcome | None = None
+    feedback: str = ""
+
+
+def ran(outcome: Outcome, timeout: float) -> Ran:
+    """The worker's outcome of one run(artifact, input), read as a Ran."""
     extra = outcome.result.extra if outcome.result is not None else {}
     if _ERROR in extra:
         text = f"run(artifact, input) raised {extra[_ERROR]}"
-        return None, Outcome(failure=Failure.RUN_EXCEPTION, error_type=str(extra.get(_ERROR_TYPE)),
-                             detail=text), text
+        return Ran(failed=Outcome(failure=Failure.RUN_EXCEPTION, error_type=str(extra.get(_ERROR_TYPE)), detail=text),
+                   feedback=text)
     if outcome.result is not None:
-        return extra.get(_OUTPUT), None, ""
+        return Ran(output=extra.get(_OUTPUT))
     failure = outcome.failure
     # no worker could load run(): a setup problem, not this candidate's fault (GEPA's cache must not keep it)
     detail = str(outcome.detail).replace("score()", "run()")
@@ -85,4 +93,4 @@ def ran(outcome: Outcome, timeout: float) -> tuple[Any, Outcome | None, str]:
         said = "could not be loaded in a worker process; this is a setup problem, not a fault of the candidate"
     else:
         said = "ended its process (an exit, a crash or a signal) before returning"
-    return None, failed, f"run(artifact, input) {said}"
+    return Ran(failed=failed, feedback=f"run(artifact, input) {said}")

@@ -54,13 +54,14 @@ def results_frame(evaluation: EvaluationResult | ContractReport, *, include_expe
         raise TypeError(f"include_expected must be True or False, got {include_expected!r}")
     require_extra("pandas", "report", "skynet_dspy.results_frame()")
     case_rows = getattr(evaluation, "case_rows", None)
-    # a ContractReport: a row per case, with the columns of its repeats and human scores
-    cases = case_rows() if callable(case_rows) else None
-    rows = table.rows_of(evaluation) if cases is None else [
-        table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
+    if callable(case_rows):  # a ContractReport: a row per case, with the columns of its repeats and human scores
+        cases = case_rows()
+        rows = [table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
+    else:
+        cases, rows = [], table.rows_of(evaluation)
     frame = _frame_of(rows, table.layout(rows, include_expected))
-    for column in dict.fromkeys(name for _, columns in cases or [] for name in columns):
-        frame[column] = [columns.get(column) for _, columns in cases or []]
+    for column in dict.fromkeys(name for _, columns in cases for name in columns):
+        frame[column] = [columns.get(column) for _, columns in cases]
     return frame
 
 

@@ -3,11 +3,13 @@
 A model call's latency and a program's own work vary between identical runs (20-50% for single calls on a loaded
 machine); GEPA, comparing candidates by a strict "greater than", would take that noise for an improvement. Each kind
 of time keeps an anchor: its first time, moved down only to a time beyond the band below it among its first WARM_UP
-(a cold first connection is left behind), then fixed for the process. A time up to the noise band above its anchor
-(a fraction of it, or a floor in ms, whichever is larger), or below it, is reported as the anchor; a time beyond the
-band is reported as measured, so real extra work or a slower provider shows. An anchor moves by no small step: a move
-by a few ms would make the examples scored before it (the seed's, or a parent's) look slower than the same work
-after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's own work, its class.
+(a cold first connection is left behind), then fixed for the process with its noise band. Until then the band is a
+fraction of the anchor or a floor in ms, whichever is larger; once fixed, it is narrowed to SPREAD times the spread
+the kind's first times measured (never below the floor), so a steady provider's real slow-down shows although it is
+well under half its latency. A time up to the band above its anchor, or below it, is reported as the anchor; a time
+beyond the band is reported as measured. An anchor moves by no small step: a move by a few ms would make the examples
+scored before it (the seed's, or a parent's) look slower than the same work after it. A model call's kind is its
+model, endpoint and answer size (measure._kind); a program's own work, its class.
 
 Garbage collection is left out of a program's own work (`clocks`): every collection outside its model calls, and of
 its CPU time its own thread's. A collection stops every thread running Python, for up to a second in a
@@ -28,23 +30,25 @@ from cachetools import LRUCache
 @dataclass(frozen=True)
 class Band:
     """How far above its anchor a time may be and still be the anchor plus noise: `fraction` of the anchor, or
-    `floor_ms`, whichever is larger."""
+    `floor_ms`, whichever is larger; narrowed to the kind's measured spread once its anchor is fixed."""
 
     fraction: float
     floor_ms: float
 
-    def above(self, anchor: float) -> float:
-        return anchor + max(anchor * self.fraction, self.floor_ms)
+    def width(self, anchor: float, spread: float | None = None) -> float:
+        """The band above `anchor`, ms; with the kind's measured `spread`, SPREAD times it, within the floor and the
+        fraction."""
+        widest = max(anchor * self.fraction, self.floor_ms)
+        return widest if spread is None else max(self.floor_ms, min(widest, SPREAD * spread))
 
-    def reported(self, anchor: float, value_ms: float) -> float:
-        """`value_ms` as reported against `anchor`: the anchor, unless beyond the band above it."""
-        return value_ms if value_ms > self.above(anchor) else anchor
 
-
-CALL = Band(0.5, 10.0)  # a model call: 50% or 10 ms (a first connection, a busy moment)
-OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 50% or 25 ms (a cache miss, a page fault)
-WAIT = Band(0.5, 50.0)  # the time it waited outside model calls: 50% or 50 ms (the GIL, a busy core)
+# The widest band and the floor: the floor is what one busy moment adds to any time.
+CALL = Band(0.5, 10.0)  # a model call: 10 ms (a first connection, a busy moment)
+OWN = Band(0.5, 25.0)  # a program's CPU time outside model calls: 25 ms (a cache miss, a page fault)
+WAIT = Band(0.5, 50.0)  # the time it waited outside model calls: 50 ms (the GIL, a busy core)
 WARM_UP = 4  # a kind's first times, while its anchor may still move down
+SAMPLED = 8  # a kind's first times, whose spread (highest less lowest, a cold start left out) fixes its band
+SPREAD = 3.0  # a fixed band is this many times that spread
 
 
 class _Collecting(threading.local):
@@ -79,49 +83,67 @@ class Clocks:
         return time.thread_time() - self._thread.spent
 
 
+@dataclass(slots=True)
+class _Kind:
+    """One kind's anchor, its first times (up to SAMPLED), and its band's width once fixed."""
+
+    anchor: float
+    band: Band
+    times: list[float]
+    width: float | None = None
+
+    def take(self, value_ms: float) -> None:
+        """Take one of the first times: into the anchor while it warms up, and the last fixes the band to the spread
+        of those within it."""
+        if len(self.times) < WARM_UP and value_ms + self.band.width(value_ms) < self.anchor:  # a cold start before
+            self.anchor = value_ms
+        self.times.append(value_ms)
+        if len(self.times) == SAMPLED:
+            kept = [ms for ms in self.times if ms <= self.anchor + self.band.width(self.anchor)]  # no cold start
+            self.width = self.band.width(self.anchor, max(kept) - min(kept))
+
+    def reported(self, value_ms: float) -> float:
+        """`value_ms` as reported: the anchor, unless beyond the band above it."""
+        width = self.band.width(self.anchor) if self.width is None else self.width
+        return value_ms if value_ms > self.anchor + width else self.anchor
+
+
 class Anchors:
-    """Anchors by kind, bounded: for each, [the anchor, how many times were seen (up to WARM_UP)]."""
+    """Anchors by kind, bounded."""
 
     def __init__(self, size: int = 4096):
-        self._anchors: LRUCache[Hashable, list[float]] = LRUCache(size)
+        self._kinds: LRUCache[Hashable, _Kind] = LRUCache(size)
         self._lock = threading.Lock()
 
     def steady(self, key: Hashable, value_ms: float, band: Band = CALL) -> float:
-        """`value_ms` as reported against the anchor of `key`, after taking it into the anchor while warming up."""
+        """`value_ms` as reported against the anchor of `key`, after taking it into the kind's first times."""
         if not value_ms >= 0:  # negative or NaN: nothing to steady
             return value_ms
         with self._lock:
-            seen = self._anchors.get(key)
-            if seen is None:
-                self._anchors[key] = seen = [value_ms, 0]
-            if seen[1] < WARM_UP:
-                if band.above(value_ms) < seen[0]:  # clearly faster than the anchor: it was a cold start
-                    seen[0] = value_ms
-                seen[1] += 1
-            anchor = seen[0]
-        return band.reported(anchor, value_ms)
+            kind = self._kinds.get(key)
+            if kind is None:
+                self._kinds[key] = kind = _Kind(value_ms, band, [])
+            if kind.width is None:
+                kind.take(value_ms)
+            return kind.reported(value_ms)
 
     def warming(self, key: Hashable) -> bool:
         """Whether the anchor of `key` is not fixed yet (fewer than WARM_UP times of its kind seen)."""
         with self._lock:
-            seen = self._anchors.get(key)
-        return seen is None or seen[1] < WARM_UP
+            kind = self._kinds.get(key)
+            return kind is None or len(kind.times) < WARM_UP
 
     def at_most(self, key: Hashable, value_ms: float) -> float:
         """`value_ms`, or the anchor of `key` when that is lower."""
-        anchor = self._anchor(key)
-        return value_ms if anchor is None else min(value_ms, anchor)
-
-    def current(self, key: Hashable, value_ms: float, band: Band = CALL) -> float:
-        """`value_ms` against the anchor of `key` as it stands: the anchor unless beyond `band` above it. Moves
-        nothing."""
-        anchor = self._anchor(key)
-        return value_ms if anchor is None else band.reported(anchor, value_ms)
-
-    def _anchor(self, key: Hashable) -> float | None:
         with self._lock:
-            seen = self._anchors.get(key)
-        return None if seen is None else seen[0]
+            kind = self._kinds.get(key)
+            return value_ms if kind is None else min(value_ms, kind.anchor)
+
+    def current(self, key: Hashable, value_ms: float) -> float:
+        """`value_ms` against the anchor of `key` as it stands: the anchor unless beyond its band. Moves nothing."""
+        with self._lock:
+            kind = self._kinds.get(key)
+            return value_ms if kind is None else kind.reported(value_ms)
 
 
 anchors = Anchors()

@@ -141,6 +141,23 @@ def test_a_module_overriding_call_and_a_plain_function_are_measured(tmp_path, sl
         assert caplog.text.count("scored a run that was not measured") == 1
 
 
+@pytest.mark.alone  # a steady provider's spread, measured: a second CPU-heavy test would widen it
+def test_a_steady_provider_slowing_down_by_less_than_half_shows(tmp_path, slow_server):
+    """The noise band is the kind's measured spread, not half its latency: a provider answering 40% slower
+    after eight steady answers makes the runs that wait for it slower."""
+    slow_server.delay = 0.2
+    lm = dspy.LM("openai/gpt-4o-mini", api_base=slow_server.url, api_key=KEY, cache=False)
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, OBSERVED), output_fields="answer")
+    program = dspy.Predict("question -> answer")
+    evaluate = dspy.Evaluate(devset=_devset(tag="steady "), metric=metric, num_threads=1)  # one at a time: steady
+    with metric, dspy.context(lm=lm):
+        steady = [score.result.scores["ms"] for _, _, score in evaluate(program).results]
+        slow_server.delay = 0.28
+        slower = [score.result.scores["ms"] for _, _, score in evaluate(program).results]
+    assert all(ms >= 200 for ms in steady), steady
+    assert all(ms >= 280 for ms in slower), slower  # half of 200 ms above would have been noise before
+
+
 NOISE = '''
 from skynet import reward
 

@@ -1,6 +1,7 @@
-"""steady.py: the noise band. Identical work measures the same, a real slow-down shows, a cold first connection is
-left behind while a kind warms up, an anchor never moves by a small step (the examples scored before it would look
-slower than the same work after it), and garbage collection is no program's time."""
+"""steady.py: the noise band. Identical work measures the same, a real slow-down shows (narrower than half the
+anchor when the kind's first times were steady), a cold first connection is left behind while a kind warms up, an
+anchor never moves by a small step (the examples scored before it would look slower than the same work after it),
+and garbage collection is no program's time."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import gc
 import time
 
 from skynet_dspy._dspy.measure import measure
-from skynet_dspy._dspy.steady import CALL, OWN, WARM_UP, Anchors, clocks
+from skynet_dspy._dspy.steady import CALL, OWN, SAMPLED, SPREAD, Anchors, clocks
 
 
-def _warmed(anchors: Anchors, key: str, ms: float) -> None:
-    for _ in range(WARM_UP):
-        anchors.steady(key, ms)
+def _warmed(anchors: Anchors, key: str, *times: float) -> None:
+    for n in range(SAMPLED):
+        anchors.steady(key, times[n % len(times)])
 
 
 def test_the_anchor_is_the_first_time_left_only_for_a_clearly_faster_one_then_fixed():
@@ -32,10 +33,26 @@ def test_a_first_time_a_little_slower_than_the_next_stays_the_anchor():
 
 def test_times_up_to_the_band_above_are_the_anchor_and_beyond_it_as_measured():
     anchors = Anchors()
-    _warmed(anchors, "k", 100.0)
+    _warmed(anchors, "k", 100.0, 120.0, 90.0)  # a noisy provider: 30 ms of spread, so the widest band, 50 ms
     assert [anchors.steady("k", ms) for ms in (104.0, 96.0, 149.0, 20.0)] == [100.0] * 4
     assert anchors.steady("k", 151.0) == 151.0 and anchors.current("k", 151.0) == 151.0  # a real slow-down
     assert anchors.steady("k", 100.0) == 100.0  # and the anchor stayed
+
+
+def test_a_steady_kind_gets_a_band_of_its_measured_spread_so_a_small_slow_down_shows():
+    anchors = Anchors()
+    for n in range(SAMPLED - 1):  # while its first times are taken, the band is the widest: half the anchor
+        assert anchors.steady("k", 500.0 + n % 3) == 500.0
+        assert anchors.current("k", 749.0) == 500.0
+    assert anchors.steady("k", 501.0) == 500.0
+    # fixed now, from the spread of its first times (2 ms): the floor
+    assert anchors.steady("k", 509.0) == 500.0 and anchors.steady("k", 511.0) == 511.0  # 2% slower: it shows
+    anchors = Anchors()
+    _warmed(anchors, "k", 500.0, 740.0)  # a busy moment among the first times widens the band to its spread
+    assert anchors.current("k", 749.0) == 500.0
+    anchors = Anchors()
+    _warmed(anchors, "k", 500.0, 508.0)  # 8 ms of spread: a band of SPREAD times it
+    assert anchors.current("k", 500.0 + SPREAD * 8.0) == 500.0 and anchors.current("k", 525.0) == 525.0
 
 
 def test_a_small_drop_after_the_warm_up_never_moves_the_anchor():
@@ -46,9 +63,9 @@ def test_a_small_drop_after_the_warm_up_never_moves_the_anchor():
 
 
 def test_the_floor_holds_for_short_times():
-    assert CALL.above(4.0) == 14.0  # a 4 ms anchor: anything up to 14 ms is noise
+    assert CALL.width(4.0) == CALL.width(4.0, spread=0.0) == 10.0  # a 4 ms anchor: anything up to 14 ms is noise
     anchors = Anchors()
-    for _ in range(WARM_UP):
+    for _ in range(SAMPLED):
         anchors.steady("own", 1.3, OWN)
     assert anchors.steady("own", 20.0, OWN) == 1.3 and anchors.steady("own", 0.2, OWN) == 1.3
     assert anchors.steady("own", 30.0, OWN) == 30.0  # past the 25 ms floor: real work

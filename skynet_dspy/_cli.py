@@ -67,7 +67,7 @@ _dollars = _typed(float, lambda x: 0 < x < math.inf, "an amount of US dollars ab
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
-    from ._check import DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
+    from ._check import CASES_CHECKED, DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
 
     parser = argparse.ArgumentParser(prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA.")
     parser.add_argument("--version", action="version", version=f"skynet-dspy {__version__}")
@@ -75,13 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="check that a metric.py keeps the metric contract",
-        description="Run METRIC.py on the first cases of CASES.jsonl (3 by default) and report, item by item, "
-        "whether it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad arguments.",
+        description=f"Run METRIC.py on the first cases of CASES.jsonl ({CASES_CHECKED} by default) and report, item "
+        "by item, whether it keeps the metric contract. Exit code: 0 the contract holds, 1 it is broken, 2 bad "
+        "arguments.",
     )
     _add_metric_arguments(check, "CASES.jsonl")
     how_many = check.add_mutually_exclusive_group()
     how_many.add_argument("--cases", type=_at_least_one("cases"), default=None, metavar="N",
-                          help="check the first N cases (default 3; every case with --human)")
+                          help=f"check the first N cases (default {CASES_CHECKED}; every case with --human)")
     how_many.add_argument("--all", action="store_true", help="check every case")
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
     # whether the metric can be trusted: --repeat (stability), --human (agreement); docs/cli.md
@@ -162,14 +163,14 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
 def _check(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from ._check import check_contract, read_jsonl
+    from ._check import CASES_CHECKED, check_contract, read_jsonl
     from ._core.logs import logger
     from ._results.progress import Progress
 
     options = _metric_options(args)
     rows = read_jsonl(args.data, args.inputs)
-    # --cases N, --all, or the default: 3 cases, or every case when --human labels them
-    max_cases = None if args.all or (args.cases is None and args.human is not None) else args.cases or 3
+    # --cases N, --all, or the default: CASES_CHECKED cases, or every case when --human labels them
+    max_cases = None if args.all or (args.cases is None and args.human is not None) else args.cases or CASES_CHECKED
     progress = Progress("skynet-dspy check", unit="calls") if not args.json else None
     # what the metric prints must not mix into the report; the package's warnings (the cost of --repeat) show on
     # stderr, each on a line of its own above the progress bar, which is cleared before the report prints

@@ -101,7 +101,7 @@ class _Run:
         self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
         self.kinds: list[tuple[Any, float]] = []  # each call's kind and latency as first made
 
-    def add(self, figures: CallFigures, span: tuple[float, float], cached: bool = False, model: Any = None) -> None:
+    def add(self, figures: CallFigures, span: tuple[float, float], cached: bool, model: str) -> None:
         kind = _kind(model, figures)
         anchors.steady(kind, figures.latency_ms)  # taken into the kind's anchor while it warms up
         with self.lock:
@@ -311,26 +311,18 @@ def _count_dspy_result(run: _Run, result: Any, call: _Call) -> None:
     key, folder = hooks.dspy_call_cache(call.args, call.asynchronous)
     lm = call.args[0] if call.args else None
     model = getattr(lm, "model", None)
-    served = _served_by(model, getattr(lm, "kwargs", None) or {})
     found = hooks.call_result_figures(result)
-    cost = found["cost"]
+    cost, hit = found["cost"], found["cache_hit"]
     figures = CallFigures(
         calls=found["calls"],
-        prompt_tokens=token_count(found["usage"], PROMPT_TOKENS),
-        completion_tokens=token_count(found["usage"], COMPLETION_TOKENS),
+        # a hit cached before anything here saw it made, and not replayed: DSPy kept its cost, not its tokens or time
+        prompt_tokens=0 if hit else token_count(found["usage"], PROMPT_TOKENS),
+        completion_tokens=0 if hit else token_count(found["usage"], COMPLETION_TOKENS),
         cost_usd=None if cost is None else float(cost),
         unpriced=None if cost is not None else _no_price(model or found["model"], found["unpriced_detail"]),
         latency_ms=call.latency_ms,
     )
-    if found["cache_hit"]:
-        replayed = _replayed(key, folder, served)
-        # cached before anything here saw it made: DSPy kept its cost, not its tokens or time
-        run.add(replayed or replace(figures, prompt_tokens=0, completion_tokens=0), call.span, True, served)
-        return
-    figures = _first_of_its_model(figures, served)
-    if key is not None:
-        replay.remember(key, figures, folder)
-    run.add(figures, call.span, model=served)
+    _add(run, call, figures, hit, _served_by(model, getattr(lm, "kwargs", None) or {}), key, folder)
 
 
 def _served_by(model: Any, settings: Mapping[str, Any]) -> str:
@@ -340,18 +332,18 @@ def _served_by(model: Any, settings: Mapping[str, Any]) -> str:
     return f"{model} at {endpoint}" if endpoint else str(model)
 
 
-def _first_of_its_model(figures: CallFigures, model: Any) -> CallFigures:
-    """`figures`, marked when made while its kind's anchor was not fixed yet (see steady.at_most)."""
-    return replace(figures, first=True) if anchors.warming(_kind(model, figures)) else figures
-
-
-def _replayed(key: str | None, folder: str | None, model: Any) -> CallFigures | None:
-    """The figures a cache hit replays; a latency measured while its kind warmed up (a first connection) no
-    higher than its kind's anchor now."""
-    found = replay.recall(key, folder) if key is not None else None
-    if found is not None and found.first:
-        found = replace(found, latency_ms=anchors.at_most(_kind(model, found), found.latency_ms))
-    return found
+def _add(run: _Run, call: _Call, figures: CallFigures, hit: bool, served: str, key: str | None,
+         folder: str | None = None) -> None:
+    """Add one model call to `run`: a cache hit as the call it replays when that was kept (else as `figures`), a
+    call made now kept for the hits that will replay it, marked when its kind's anchor was not fixed yet."""
+    found = replay.recall(key, folder) if hit and key is not None else None
+    if found is None:
+        found = replace(figures, first=True) if anchors.warming(_kind(served, figures)) else figures
+        if key is not None and not hit:
+            replay.remember(key, found, folder)
+    elif found.first:  # measured while its kind warmed up (a first connection): no higher than its anchor now
+        found = replace(found, latency_ms=anchors.at_most(_kind(served, found), found.latency_ms))
+    run.add(found, call.span, hit, served)
 
 
 _NOT_THE_REQUEST = frozenset({"api_key", "api_base", "base_url", "metadata", "litellm_logging_obj", "client",
@@ -377,18 +369,12 @@ def _count_litellm_response(run: _Run, response: Any, call: _Call) -> None:
     served = _served_by(model, kwargs)
     if getattr(response, "usage", None) is None:  # a stream, or an unknown shape: its usage is not known here
         unknown = f"the LiteLLM call to {model or 'a model'} reported no usage (streamed?)"
-        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span, model=served)
+        run.add(CallFigures(1, 0, 0, None, unknown, call.latency_ms), call.span, False, served)
         return
-    key = _litellm_key(args, kwargs)
-    hit = hooks.litellm_cache_hit(response)
-    found = _replayed(key, None, served) if hit else None
-    if found is None:
-        prompt, completion, cost = response_usage(response)
-        unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
-        found = _first_of_its_model(CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms), served)
-        if key is not None and not hit:
-            replay.remember(key, found)
-    run.add(found, call.span, cached=hit, model=served)
+    prompt, completion, cost = response_usage(response)
+    unpriced = None if cost is not None else _no_price(getattr(response, "model", None) or model)
+    figures = CallFigures(1, prompt, completion, cost, unpriced, call.latency_ms)
+    _add(run, call, figures, hooks.litellm_cache_hit(response), served, _litellm_key(args, kwargs))
 
 
 # The seconds DSPy's cache and pricing steps took inside the call being counted (a list, shared with the thread

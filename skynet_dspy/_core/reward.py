@@ -19,7 +19,8 @@ def validate_spec(spec: Any) -> dict[str, float]:
         raise RewardSpecError("REWARD_SPEC['weights'] is missing; give {'accuracy': w, 'speed': w, 'cost': w}")
     weights = _checked("REWARD_SPEC['weights']", spec["weights"], COMPONENTS, " {'accuracy': w, 'speed': w, 'cost': w}")
     numbers = {name: _weight(name, weights) for name in COMPONENTS}
-    if sum(numbers.values()) <= 0:
+    total = sum(numbers.values())
+    if total <= 0:
         raise RewardSpecError("REWARD_SPEC['weights'] are all 0; at least one weight must be positive")
     for name in COMPONENTS:
         section = _checked(f"REWARD_SPEC['{name}']", spec.get(name, {}), ("reference",))
@@ -30,7 +31,6 @@ def validate_spec(spec: Any) -> dict[str, float]:
             raise RewardSpecError(
                 f"REWARD_SPEC['{name}']['reference'] must be a positive number, got {shorten(section['reference'])}"
             )
-    total = sum(numbers.values())
     return {name: value / total for name, value in numbers.items()}
 
 

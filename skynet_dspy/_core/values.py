@@ -21,8 +21,6 @@ def as_number(value: Any) -> float | None:
     if type(value) is float:  # the common case, without the numbers.Real check
         return value
     try:
-        if isinstance(value, (str, bytes)):
-            return None
         if isinstance(value, numbers.Real):
             try:
                 return float(value)
@@ -216,7 +214,6 @@ def usd(amount: float | None) -> str:
         return f"{sign}${amount:.1e}"
     decimals = 3 - math.floor(math.log10(amount))
     return f"{sign}${amount:.{decimals}f}".rstrip("0").rstrip(".")
-
 
 
 def seconds(name: str, value: Any, *, maximum: float | None = None, default: float | None = None) -> float:

@@ -84,9 +84,7 @@ def _in_daemon_thread(
 
 
 async def _within(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
-    if timeout is None:
-        return await coroutine
-    deadline = asyncio.timeout(timeout)
+    deadline = asyncio.timeout(timeout)  # None: no deadline, and it never expires
     try:
         async with deadline:
             value = await coroutine

@@ -47,22 +47,18 @@ Wrap = Callable[[Callable[..., Any], bool], Callable[..., Any]]
 _lock = threading.Lock()
 
 
-def _replace(owner: Any, name: str, wrapped_of: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Set `owner.name` to wrapped_of(original), once (a wrapper is marked, and never wrapped again)."""
+def _replace(owner: Any, name: str, wrapped_of: Callable[..., Callable[..., Any]], *args: Any) -> None:
+    """Set `owner.name` to wrapped_of(original, *args), once (a wrapper is marked, and never wrapped again)."""
     original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
     if callable(original) and not getattr(original, "_skynet_wrapped", False):
-        wrapped = functools.wraps(original)(wrapped_of(original))
+        wrapped = functools.wraps(original)(wrapped_of(original, *args))
         wrapped._skynet_wrapped = True  # type: ignore[attr-defined]
         setattr(owner, name, wrapped)
 
 
 def _wrap_calls(owner: Any, wrap: Wrap, names: tuple[tuple[str, bool], ...]) -> None:
     for name, asynchronous in names:
-        _replace(owner, name, functools.partial(_call_wrap, wrap, asynchronous))
-
-
-def _call_wrap(wrap: Wrap, asynchronous: bool, original: Callable[..., Any]) -> Callable[..., Any]:
-    return wrap(original, asynchronous)
+        _replace(owner, name, wrap, asynchronous)
 
 
 _MODULE_CALLS = (("__call__", False), ("acall", True))

@@ -34,9 +34,9 @@ from .._judge.litellm_private import LITELLM_CHECKED  # the one LiteLLM version 
 DSPY_CHECKED = "3.4.1"
 GEPA_CHECKED = "0.1.4"
 
-# The LiteLLM entry points a program may call directly (plain GEPA's run(), a custom DSPy engine).
-LITELLM_SYNC = ("completion", "text_completion", "responses")
-LITELLM_ASYNC = ("acompletion", "atext_completion", "aresponses")
+# The LiteLLM entry points a program may call directly (plain GEPA's run(), a custom DSPy engine), and which are async.
+_LITELLM_CALLS = (("completion", False), ("text_completion", False), ("responses", False),
+                  ("acompletion", True), ("atext_completion", True), ("aresponses", True))
 # The CallResult fields measurement reads (dspy/clients/call_result.py).
 CALL_RESULT_FIELDS = ("responses", "usage", "cost", "cost_details", "cache_hit", "response_model")
 # DSPy's bookkeeping inside execute() (its engine, cache lookup and store, pricing), timed apart from the model's
@@ -206,16 +206,11 @@ def wrap_litellm(wrap: Wrap) -> None:
     (seconds to import: an import hook wraps it as the user imports it, `from litellm import completion` too)."""
     module = sys.modules.get("litellm")
     if module is not None:
-        _wrap_litellm_module(module, wrap)
+        _wrap_calls(module, wrap, _LITELLM_CALLS)
         return
     with _lock:
         if not any(isinstance(finder, _LiteLLMImportHook) for finder in sys.meta_path):
             sys.meta_path.insert(0, _LiteLLMImportHook(wrap))
-
-
-def _wrap_litellm_module(module: Any, wrap: Wrap) -> None:
-    _wrap_calls(module, wrap, tuple((name, False) for name in LITELLM_SYNC)
-                + tuple((name, True) for name in LITELLM_ASYNC))
 
 
 def litellm_cache_hit(response: Any) -> bool:
@@ -248,7 +243,7 @@ class _LiteLLMImportHook:
 
         def exec_and_wrap(module: Any) -> None:
             exec_module(module)
-            _wrap_litellm_module(module, self._wrap)
+            _wrap_calls(module, self._wrap, _LITELLM_CALLS)
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
 
@@ -303,7 +298,7 @@ def problems() -> list[str]:
         found.append(f"wrap_litellm: litellm cannot be imported ({exc})")
     else:
         where = f"litellm {_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
-        found += _gone(where, {"wrap_litellm": [f"litellm:{name}" for name in (*LITELLM_SYNC, *LITELLM_ASYNC)]})
+        found += _gone(where, {"wrap_litellm": [f"litellm:{name}" for name, _ in _LITELLM_CALLS]})
     return found + _gepa_problems() + litellm_private.problems()
 
 

@@ -44,12 +44,14 @@ def no_banner(litellm: Any) -> Iterator[None]:
 
 def problems() -> list[str]:
     """One sentence per private LiteLLM API above that the installed LiteLLM no longer offers."""
+    from importlib.metadata import version as installed
+
     try:
         import litellm
         from litellm.types.utils import ModelResponse
     except ImportError as exc:
         return [f"response_cost: litellm cannot be imported ({exc})"]
-    version = f"litellm {getattr(litellm, '__version__', None) or 'installed'} (checked against {LITELLM_CHECKED})"
+    version = f"litellm {installed('litellm')} (checked against {LITELLM_CHECKED})"  # it has no __version__
     if not isinstance(getattr(litellm, "suppress_debug_info", None), bool):
         return [f"no_banner: {version} has no suppress_debug_info flag"]
     if not isinstance(getattr(ModelResponse(), "_hidden_params", None), dict):

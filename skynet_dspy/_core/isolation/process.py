@@ -234,7 +234,7 @@ class ProcessExecutor:
             return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
         call_id = next(self._call_ids)
         try:
-            data = wire.to_worker({"kind": "call", "call": call_id, "request": request})
+            data = wire.to_worker(("call", call_id, request.args()))
         except Exception as exc:
             self._release(worker)
             return Outcome(

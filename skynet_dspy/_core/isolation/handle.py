@@ -247,7 +247,8 @@ class WorkerProcess:
 
 
 def _queued(fd: int) -> int:
-    """Bytes sent on the Unix socket `fd` that its peer has not read yet (SIOCOUTQ)."""
+    """What was sent on the Unix socket `fd` and its peer has not read yet, in bytes of socket memory (SIOCOUTQ):
+    0 once it read everything."""
     return int.from_bytes(fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(4)), sys.byteorder, signed=True)
 
 

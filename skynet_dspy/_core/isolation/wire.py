@@ -164,9 +164,7 @@ def outcome_to_plain(outcome: Outcome) -> Any:
     """The outcome as plain values: a bare result (a score and its feedback, as most calls return) as the pair
     (score, feedback), anything else as a dict of every field."""
     result = outcome.result
-    if result is not None and result.scores is None and not result.extra and outcome.judge_problem is None and (
-        outcome.output is None
-    ):
+    if result is not None and result.scores is None and not result.extra and outcome == Outcome(result=result):
         return result.score, result.feedback
     return {
         "result": None if result is None else {

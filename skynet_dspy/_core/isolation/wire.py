@@ -160,8 +160,12 @@ def _key(key: Any) -> Any:
 # -- outcomes and facts, as plain dicts -------------------------------------------------------------
 
 
-def outcome_to_plain(outcome: Outcome) -> dict[str, Any]:
+def outcome_to_plain(outcome: Outcome) -> Any:
+    """The outcome as plain values: a bare result (a score and its feedback, as most calls return) as the pair
+    (score, feedback), anything else as a dict of every field."""
     result = outcome.result
+    if result is not None and result.scores is None and not result.extra and outcome == Outcome(result=result):
+        return result.score, result.feedback
     return {
         "result": None if result is None else {
             "score": float(result.score),
@@ -195,6 +199,8 @@ def _name(value: Any, shape: re.Pattern[str]) -> str | None:
 def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
     """An Outcome from a worker's plain dict, every field type-checked and its result checked against the contract
     again, here (a metric may write its own replies; a Ray node's outcome is checked by its node and again here)."""
+    if type(data) is tuple and len(data) == 2:  # a bare result (outcome_to_plain)
+        return _checked({"score": data[0], "feedback": data[1]}, feedback_limit)
     if not isinstance(data, dict):
         return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent a malformed reply")
     failure, output, result = _failure(data.get("failure")), _text(data.get("output")), None
@@ -202,12 +208,10 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
         raw = data.get("result")
         if not isinstance(raw, dict):
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent neither a result nor a failure")
-        try:
-            result = _result(raw, feedback_limit + CUT_MARGIN)
-        except ContractViolation as violation:
-            return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
-        if output is not None:
-            result = replace(result, output=output)
+        checked = _checked(raw, feedback_limit)
+        if checked.result is None:
+            return checked
+        result = checked.result if output is None else replace(checked.result, output=output)
     return Outcome(
         result=result,
         failure=failure,
@@ -218,6 +222,14 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
         judge_detail=_text(data.get("judge_detail")),
         output=output,
     )
+
+
+def _checked(raw: dict[str, Any], feedback_limit: int) -> Outcome:
+    """The outcome of a worker's result: the result, or an INVALID failure when it breaks the contract."""
+    try:
+        return Outcome(result=_result(raw, feedback_limit + CUT_MARGIN))
+    except ContractViolation as violation:
+        return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
 
 
 def _result(raw: dict[str, Any], limit: int) -> Result:

@@ -15,12 +15,11 @@ import signal
 import sys
 import threading
 import types
-from contextlib import suppress
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..call import run_call
+from ..call import CallRequest, run_call
 from ..errors import LLMCallError, MetricLoadError, judge_error
 from ..loading import LoadedMetric, load, register_skynet
 from ..types import Failure, Item, Outcome
@@ -139,14 +138,15 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     while True:
         try:
-            message = wire.from_parent(conn.recv_bytes())
+            message = wire.from_parent(conn.recv_bytes())  # ("call", its id, CallRequest.args())
         except (EOFError, OSError):  # the user's process closed it: stop
             return
-        llm.call_id = message["call"]
+        call_id = llm.call_id = message[1]
         _forked.clear()
-        outcome = run_call(loaded, message["request"], llm, feedback_limit)
+        outcome = run_call(loaded, CallRequest(*message[2]), llm, feedback_limit)
         if os.getpid() != _worker_pid:  # the forked child, back from score: it must not go on
             os._exit(0)
+        sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
         if _forked.is_set():
             outcome = Outcome(
                 failure=Failure.CRASHED,
@@ -154,24 +154,26 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
                 detail="score() started a child process with os.fork(); a metric worker allows no fork, "
                 "so the call was not scored and the worker and its children were stopped",
             )
-        stragglers = llm.end_call()  # a thread of the metric's still waits for an llm() reply
-        reply = {"kind": "outcome", "call": message["call"], "outcome": wire.outcome_to_plain(outcome),
-                 "retire": _forked.is_set() or stragglers}
+        retire = llm.end_call() or _forked.is_set()  # a thread of the metric's still waits for an llm() reply
+        reply = wire.to_parent({"kind": "outcome", "call": call_id, "outcome": wire.outcome_to_plain(outcome),
+                                "retire": retire})
         _flush()
-        sys.setrecursionlimit(recursion_limit)  # what score may have changed must not break this loop
+        with send_lock:
+            conn.send_bytes(reply)
+        # what score left behind, undone after its reply is out (the next call waits in the socket meanwhile)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
-        with send_lock:
-            conn.send_bytes(wire.to_parent(reply))
-        if reply["retire"]:
+        if retire:
             return  # retire after a fork: the user's process stops this worker and its children
 
 
 def _flush() -> None:
     """Write out what score printed and is still buffered (Python's streams, C's stdio): it belongs to its call."""
     for stream in (sys.stdout, sys.stderr):
-        with suppress(Exception):  # a stream the metric closed or replaced
+        try:
             stream.flush()
+        except Exception:  # a stream the metric closed or replaced
+            pass
     _libc.fflush(None)
 
 

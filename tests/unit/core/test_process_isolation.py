@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -214,6 +215,20 @@ def test_values_a_script_defines_reach_the_worker(tmp_path):
     assert done.stdout.split() == ["1.0", "1.0", "Answer", "1.0"], done.stdout
 
 
+def test_a_worker_stopped_while_idle_never_takes_the_next_call(tmp_path):
+    """Stopped between calls (a SIGSTOP from outside, or from a thread its metric left behind), a worker never reads
+    the next call: it goes to another worker, long before the timeout, and the stopped one is stopped for good."""
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC), timeout=60)
+    try:
+        stopped = metric.score({}, "x").extra["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        again = metric.score({}, "x")  # not a timeout: scored by another worker
+        assert again.failure is None and again.extra["pid"] != stopped, again.detail
+        assert stopped not in metric.scorer.executor.worker_pids
+    finally:
+        metric.close()
+
+
 def test_a_call_message_is_plain_pickle_unless_it_needs_the_users_script():
     from skynet_dspy._core.call import CallRequest
 
@@ -231,3 +246,21 @@ def test_a_call_request_crosses_to_a_worker_with_every_field():
     values = {field.name: f"value of {field.name}" for field in dataclasses.fields(CallRequest)}
     request = CallRequest(**values)
     assert pickle.loads(pickle.dumps(request)) == request
+    assert CallRequest(*request.args()) == request  # what a call sends its worker
+
+
+def test_a_bare_result_comes_back_as_a_pair_and_is_checked_again_where_it_arrives():
+    from skynet_dspy._core.contract import CUT_MARGIN
+    from skynet_dspy._core.types import Failure, Outcome, Result
+
+    bare = Outcome(result=Result(0.5, "fine"))
+    assert wire.outcome_to_plain(bare) == (0.5, "fine")
+    assert wire.outcome_from_plain(wire.outcome_to_plain(bare), 4000) == bare
+    fuller = Outcome(result=Result(0.5, "fine", {"a": 1.0}, {"k": "v"}))
+    assert isinstance(wire.outcome_to_plain(fuller), dict)
+    assert wire.outcome_from_plain(wire.outcome_to_plain(fuller), 4000) == fuller
+    for forged in ((float("nan"), "x"), (10**400, "x"), ("1", "x"), (0.5, None), (0.5, ["x"])):
+        assert wire.outcome_from_plain(forged, 4000).failure is Failure.INVALID, forged
+    cut = wire.outcome_from_plain((0.5, "x" * 10**6), 4000).result
+    assert cut is not None and len(cut.feedback) <= 4000 + CUT_MARGIN  # cut, as a dict's feedback is
+    assert wire.outcome_from_plain((0.5, "x", "more"), 4000).failure is Failure.CRASHED

@@ -20,7 +20,7 @@ T = TypeVar("T")
 # llm() requests one metric call may have in flight at once; more wait for their turn. At most the requests a
 # worker process relays at once (isolation/handle.py MAX_LLM_AT_ONCE), so a gather of any size is never refused.
 LLM_AT_ONCE = 16
-_GRACE = 1.0  # seconds the tasks a timed-out or finished coroutine left behind get to end once cancelled
+GRACE = 1.0  # seconds the tasks a timed-out or finished coroutine left behind get to end once cancelled
 
 
 class CoroutineTimedOut(Exception):
@@ -105,7 +105,7 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
         for task in pending:
             task.cancel()
         if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=_GRACE))
+            loop.run_until_complete(asyncio.wait(pending, timeout=GRACE))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from .. import aio
 from ..call import CallRequest, CallTimedOut, run_call
 from ..context import CallScope, LLMHandler
 from ..loading import LoadedMetric
@@ -259,9 +260,12 @@ class ThreadExecutor:
         """One call of score under the timeout; an Outcome whatever the metric does (short of a C-level hang)."""
         contain = threading.get_ident() != _MAIN_IDENT  # on the main thread a KeyboardInterrupt may be a Ctrl-C
         scope = CallScope()  # ended with the call, even one left running past its timeout: its llm() requests stop
+        # an async score's own loop cancels it at the timeout (request.timeout); this is the backstop for a
+        # coroutine blocking its loop, a grace later, so that it never cuts short the cancellation in progress
+        limit = self.timeout if request.timeout is None else self.timeout + aio.GRACE
         try:
             ran, value = self._runner.run(
-                run_call, self.timeout, (self.loaded, request, scope.bind(llm), self.feedback_limit, contain)
+                run_call, limit, (self.loaded, request, scope.bind(llm), self.feedback_limit, contain)
             )
         finally:
             scope.end()

@@ -242,15 +242,21 @@ class ProcessExecutor:
                 detail=f"the values to score cannot be sent to the metric's worker process ({exception_text(exc)}); "
                 "give plain values (to_output=...), or use isolation='thread'",
             )
-        try:
-            worker.send(data)
-        except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
-            self._discard(worker)
-            return None
-        except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
-            self._discard(worker)
-            raise
-        return self._answer(worker, call_id, llm)
+        while True:
+            try:
+                worker.send(data)
+            except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
+                self._discard(worker)
+                return None
+            except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
+                self._discard(worker)
+                raise
+            try:
+                return self._answer(worker, call_id, llm)
+            except NotTaken:  # stopped before it read the call (what an earlier call left behind): another takes it
+                worker = self._healthy_worker()
+                if isinstance(worker, Outcome):
+                    return worker
 
     def _healthy_worker(self) -> WorkerProcess | Outcome:
         """An idle worker that can take a call, or the Outcome of a call none could be started for."""
@@ -271,9 +277,9 @@ class ProcessExecutor:
         scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
         try:
             outcome, keep = self._await(worker, call_id, scope.bind(llm))
-        except NotTaken:  # stopped before it read the call (what an earlier call left behind): score did not run
+        except NotTaken:
             self._discard(worker)
-            return None
+            raise
         except Gone:
             self._discard(worker)
             if not worker.serving and worker.returncode is None and not worker.template.alive:
@@ -318,16 +324,14 @@ class ProcessExecutor:
 
     def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
         """The outcome of the call and whether the worker may be kept; NotTaken when it was stopped before it read
-        the call (asked once, when it said nothing within _UNREAD_CHECK)."""
+        the call (asked once, when no answer came within _UNREAD_CHECK)."""
         deadline = time.monotonic() + self.timeout
         unread_check = time.monotonic() + _UNREAD_CHECK
         memory_check = math.inf if self.max_memory is None else _MEMORY_CHECK
         refused = 0
         while True:
             message = worker.wait(min(deadline, unread_check, time.monotonic() + memory_check))
-            if message is not None:
-                unread_check = math.inf  # it said something: it read the call
-            elif time.monotonic() < deadline:  # no answer yet: a look at the worker
+            if message is None and time.monotonic() < deadline:  # no answer yet: a look at the worker
                 unread_check = _unread_check(worker, unread_check)
                 too_much = self._over_memory(worker)  # worker_max_memory
                 if too_much is not None:

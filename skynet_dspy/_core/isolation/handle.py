@@ -247,8 +247,7 @@ class WorkerProcess:
 
 
 def _queued(fd: int) -> int:
-    """What was sent on the Unix socket `fd` and its peer has not read yet, in bytes of socket memory (SIOCOUTQ):
-    0 once it read everything."""
+    """Bytes sent on the Unix socket `fd` that its peer has not read yet (SIOCOUTQ)."""
     return int.from_bytes(fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(4)), sys.byteorder, signed=True)
 
 

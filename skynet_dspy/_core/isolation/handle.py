@@ -4,7 +4,6 @@ own), read from (plain data only), checked, killed; its llm() requests answered 
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import select
@@ -12,8 +11,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
-import termios
 import threading
 import time
 from contextlib import suppress
@@ -91,7 +88,7 @@ class WorkerProcess:
         self._received = bytearray()  # bytes read from the socket, not yet a whole message
         try:
             self._pidfd = os.pidfd_open(pid)  # readable once the process exits: no polling for its death
-            # kept open for unread(): it stays this process's whatever reuses the pid (`make bench` row 9d)
+            # kept open for healthy(): it stays this process's whatever reuses the pid (`make bench` row 9d)
             self._stat = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # gone already (reaped inside a sandbox): its socket's end says so
             self._pidfd = self._stat = -1
@@ -181,19 +178,15 @@ class WorkerProcess:
             raise Gone from None
 
     def healthy(self) -> bool:
-        """Whether an idle worker can take a call: not exited, and silent on its socket since its last reply (what a
-        call left behind, a timer or a thread of the metric's, may have written to it or ended it). Whether it was
-        stopped is asked only of a call it does not answer at once (unread())."""
-        return not self._received and all(fd == self.output.fd for fd, _ in self._poller.poll(0))
-
-    def unread(self) -> bool:
-        """Whether the worker is stopped (SIGSTOP, traced) with part of what was sent it still unread: it never had
-        the whole call, so score did not run, and the call may go to another worker."""
+        """Whether an idle worker can take a call: not exited nor stopped, and silent on its socket since its last
+        reply (what a call left behind, a timer or a thread of the metric's, may have stopped it or written to it)."""
+        if self._received or any(fd != self.output.fd for fd, _ in self._poller.poll(0)):
+            return False
         try:
             state = os.pread(self._stat, 1024, 0).rpartition(b")")[2].split()[0]
-            return state in (b"T", b"t") and _queued(self.conn.fileno()) > 0
-        except (OSError, IndexError):  # gone: its pidfd says so
+        except (OSError, IndexError):
             return False
+        return state not in (b"T", b"t", b"Z", b"X")  # stopped, traced, or exited
 
     def kill(self) -> None:
         """Kill the worker and everything it started, found in its tree or by its mark (tree.py), and reap it (once,
@@ -244,11 +237,6 @@ class WorkerProcess:
         for fd in fds:
             if fd >= 0:
                 os.close(fd)
-
-
-def _queued(fd: int) -> int:
-    """Bytes sent on the Unix socket `fd` that its peer has not read yet (SIOCOUTQ)."""
-    return int.from_bytes(fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(4)), sys.byteorder, signed=True)
 
 
 def private_memory(pid: int) -> int | None:

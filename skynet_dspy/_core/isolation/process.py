@@ -34,11 +34,6 @@ _MAX_REFUSED = 1000  # refused llm() requests in one call before it is ended as 
 _GROWTH_PAUSE = 5.0  # seconds the pool does not grow after a worker failed to start (unless it has no worker)
 _MEMORY_CHECK = 0.05  # seconds between looks at a busy worker's memory, when worker_max_memory is set
 _MAX_FRESH_STARTS = max(2, os.cpu_count() or 2)  # fresh interpreters importing the metric at once, at most
-_UNREAD_CHECK = 0.02  # seconds without an answer before a call asks whether its worker was stopped before reading it
-
-
-class NotTaken(Exception):
-    """The worker was stopped before it read the whole call: score did not run there, and another worker takes it."""
 
 
 class ProcessExecutor:
@@ -228,9 +223,15 @@ class ProcessExecutor:
 
     def _run_once(self, request: CallRequest, llm: LLMHandler | None) -> Outcome | None:
         """One attempt at the call; None when the worker was gone through no fault of this call."""
-        worker = self._healthy_worker()
-        if isinstance(worker, Outcome):
-            return worker
+        try:
+            worker = self._acquire()
+            while not worker.healthy():  # it exited (an earlier call, its template killed) or spoke out of turn
+                self._discard(worker)
+                worker = self._acquire()
+        except (MetricLoadError, FileNotFoundError) as exc:  # starting a worker is never the call's failure
+            return Outcome(failure=Failure.LOAD, detail=str(exc))
+        except WorkerError as exc:
+            return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
         call_id = next(self._call_ids)
         try:
             data = wire.to_worker(("call", call_id, request.args()))
@@ -242,34 +243,15 @@ class ProcessExecutor:
                 detail=f"the values to score cannot be sent to the metric's worker process ({exception_text(exc)}); "
                 "give plain values (to_output=...), or use isolation='thread'",
             )
-        while True:
-            try:
-                worker.send(data)
-            except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
-                self._discard(worker)
-                return None
-            except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
-                self._discard(worker)
-                raise
-            try:
-                return self._answer(worker, call_id, llm)
-            except NotTaken:  # stopped before it read the call (what an earlier call left behind): another takes it
-                worker = self._healthy_worker()
-                if isinstance(worker, Outcome):
-                    return worker
-
-    def _healthy_worker(self) -> WorkerProcess | Outcome:
-        """An idle worker that can take a call, or the Outcome of a call none could be started for."""
         try:
-            worker = self._acquire()
-            while not worker.healthy():  # it exited (an earlier call, its template killed) or spoke out of turn
-                self._discard(worker)
-                worker = self._acquire()
-        except (MetricLoadError, FileNotFoundError) as exc:  # starting a worker is never the call's failure
-            return Outcome(failure=Failure.LOAD, detail=str(exc))
-        except WorkerError as exc:
-            return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
-        return worker
+            worker.send(data)
+        except OSError:  # shut, closed or not reading: it never had the whole call, so score did not run
+            self._discard(worker)
+            return None
+        except BaseException:  # a Ctrl-C while sending: no worker is lost to the pool
+            self._discard(worker)
+            raise
+        return self._answer(worker, call_id, llm)
 
     def _answer(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> Outcome | None:
         """The outcome of the call `worker` was sent (None: it died with its template); the worker is then kept
@@ -277,9 +259,6 @@ class ProcessExecutor:
         scope = CallScope()  # ended with the call: its llm() requests still waiting or retrying stop
         try:
             outcome, keep = self._await(worker, call_id, scope.bind(llm))
-        except NotTaken:
-            self._discard(worker)
-            raise
         except Gone:
             self._discard(worker)
             if not worker.serving and worker.returncode is None and not worker.template.alive:
@@ -323,17 +302,13 @@ class ProcessExecutor:
         return replace(outcome, result=result, output=output)
 
     def _await(self, worker: WorkerProcess, call_id: int, llm: LLMHandler | None) -> tuple[Outcome, bool]:
-        """The outcome of the call and whether the worker may be kept; NotTaken when it was stopped before it read
-        the call (asked once, when no answer came within _UNREAD_CHECK)."""
         deadline = time.monotonic() + self.timeout
-        unread_check = time.monotonic() + _UNREAD_CHECK
-        memory_check = math.inf if self.max_memory is None else _MEMORY_CHECK
         refused = 0
         while True:
-            message = worker.wait(min(deadline, unread_check, time.monotonic() + memory_check))
-            if message is None and time.monotonic() < deadline:  # no answer yet: a look at the worker
-                unread_check = _unread_check(worker, unread_check)
-                too_much = self._over_memory(worker)  # worker_max_memory
+            step = deadline if self.max_memory is None else min(deadline, time.monotonic() + _MEMORY_CHECK)
+            message = worker.wait(step)
+            if message is None and time.monotonic() < deadline:  # a look at its memory (worker_max_memory)
+                too_much = self._over_memory(worker)
                 if too_much is not None:
                     return too_much, False
                 continue
@@ -363,9 +338,7 @@ class ProcessExecutor:
                 return Outcome(failure=Failure.CRASHED, detail=unexpected), False
 
     def _over_memory(self, worker: WorkerProcess) -> Outcome | None:
-        if self.max_memory is None:
-            return None
-        used, limit = private_memory(worker.pid), self.max_memory
+        used, limit = private_memory(worker.pid), self.max_memory or 0
         if used is None or used <= limit:
             return None
         return Outcome(
@@ -393,16 +366,6 @@ class ProcessExecutor:
         """The process ids of this metric's live workers (for tests and for the curious)."""
         with self._cond:
             return sorted(worker.pid for worker in self._workers)
-
-
-def _unread_check(worker: WorkerProcess, when: float) -> float:
-    """When to ask next whether `worker` was stopped before it read its call: once, at `when` (NotTaken if it
-    was), then never."""
-    if time.monotonic() < when:
-        return when
-    if worker.unread():
-        raise NotTaken
-    return math.inf
 
 
 def _kill_all(workers: set[WorkerProcess], helpers: set[Template], owner: int) -> None:

@@ -103,7 +103,7 @@ class _Run:
 
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool, model: str) -> None:
         kind = _kind(model, figures)
-        anchors.steady(kind, figures.latency_ms)  # taken into the kind's anchor while it warms up
+        anchors.steady(kind, figures.latency_ms, started=span[0])  # taken into the kind's first times
         with self.lock:
             self.kinds.append((kind, figures.latency_ms))
             self.spans.append(span)
@@ -149,10 +149,10 @@ def _own_work(run: _Run, ended: float, waited: float) -> float:
     collected = max(0.0, clocks.collected - run.collected_started - run.collected_in_calls)  # outside the calls
     wall = max(0.0, (ended - run.started) - waited - run.overhead - collected) * 1000.0
     if threading.get_ident() != run.thread:
-        return anchors.steady(("program", run.program), wall, OWN)
+        return anchors.steady(("program", run.program), wall, OWN, run.started)
     cpu = min(wall, max(0.0, clocks.cpu() - run.cpu_started - run.cpu_in_calls) * 1000.0)
-    return (anchors.steady(("program cpu", run.program), cpu, OWN)
-            + anchors.steady(("program wait", run.program), wall - cpu, WAIT))
+    return (anchors.steady(("program cpu", run.program), cpu, OWN, run.started)
+            + anchors.steady(("program wait", run.program), wall - cpu, WAIT, run.started))
 
 
 def _kind(model: Any, figures: CallFigures) -> tuple[str, str, int]:

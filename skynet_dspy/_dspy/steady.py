@@ -6,10 +6,12 @@ of time keeps an anchor: its first time, moved down only to a time beyond the ba
 (a cold first connection is left behind), then fixed for the process with its noise band. Until then the band is a
 fraction of the anchor or a floor in ms, whichever is larger; once fixed, it is narrowed to SPREAD times the spread
 the kind's first times measured (never below the floor), so a steady provider's real slow-down shows although it is
-well under half its latency. A time up to the band above its anchor, or below it, is reported as the anchor; a time
-beyond the band is reported as measured. An anchor moves by no small step: a move by a few ms would make the examples
-scored before it (the seed's, or a parent's) look slower than the same work after it. A model call's kind is its
-model, endpoint and answer size (measure._kind); a program's own work, its class.
+well under half its latency. Only first times measured one after another narrow it: of work done concurrently, the
+first to finish are the fastest of their batch, whose spread understates the noise. A time up to the band above its
+anchor, or below it, is reported as the anchor; a time beyond the band is reported as measured. An anchor moves by
+no small step: a move by a few ms would make the examples scored before it (the seed's, or a parent's) look slower
+than the same work after it. A model call's kind is its model, endpoint and answer size (measure._kind); a program's
+own work, its class.
 
 Garbage collection is left out of a program's own work (`clocks`): every collection outside its model calls, and of
 its CPU time its own thread's. A collection stops every thread running Python, for up to a second in a
@@ -19,6 +21,7 @@ large heap (a long-running notebook), whatever the candidate does.
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 from collections.abc import Hashable
@@ -91,16 +94,20 @@ class _Kind:
     band: Band
     times: list[float]
     width: float | None = None
+    ended: float = -math.inf  # when the last of the first times ended (perf_counter seconds)
+    overlapped: bool = False  # whether any two of the first times were measured at once
 
-    def take(self, value_ms: float) -> None:
-        """Take one of the first times: into the anchor while it warms up, and the last fixes the band to the spread
-        of those within it."""
+    def take(self, value_ms: float, started: float | None) -> None:
+        """Take one of the first times (of work begun at `started`, None when unknown): into the anchor while it warms
+        up; the last fixes the band, to the spread of those within it when none overlapped."""
         if len(self.times) < WARM_UP and value_ms + self.band.width(value_ms) < self.anchor:  # a cold start before
             self.anchor = value_ms
         self.times.append(value_ms)
+        self.overlapped = self.overlapped or started is None or started < self.ended
+        self.ended = time.perf_counter()
         if len(self.times) == SAMPLED:
             kept = [ms for ms in self.times if ms <= self.anchor + self.band.width(self.anchor)]  # no cold start
-            self.width = self.band.width(self.anchor, max(kept) - min(kept))
+            self.width = self.band.width(self.anchor, None if self.overlapped else max(kept) - min(kept))
 
     def reported(self, value_ms: float) -> float:
         """`value_ms` as reported: the anchor, unless beyond the band above it."""
@@ -115,8 +122,9 @@ class Anchors:
         self._kinds: LRUCache[Hashable, _Kind] = LRUCache(size)
         self._lock = threading.Lock()
 
-    def steady(self, key: Hashable, value_ms: float, band: Band = CALL) -> float:
-        """`value_ms` as reported against the anchor of `key`, after taking it into the kind's first times."""
+    def steady(self, key: Hashable, value_ms: float, band: Band = CALL, started: float | None = None) -> float:
+        """`value_ms` as reported against the anchor of `key`, after taking it into the kind's first times (of work
+        begun at `started`, perf_counter seconds, ending now)."""
         if not value_ms >= 0:  # negative or NaN: nothing to steady
             return value_ms
         with self._lock:
@@ -124,7 +132,7 @@ class Anchors:
             if kind is None:
                 self._kinds[key] = kind = _Kind(value_ms, band, [])
             if kind.width is None:
-                kind.take(value_ms)
+                kind.take(value_ms, started)
             return kind.reported(value_ms)
 
     def warming(self, key: Hashable) -> bool:

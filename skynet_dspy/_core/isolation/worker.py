@@ -158,11 +158,12 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
         reply = wire.to_parent({"kind": "outcome", "call": call_id, "outcome": wire.outcome_to_plain(outcome),
                                 "retire": retire})
         _flush()
+        # what score left behind, undone before its reply is out: a signal it blocked and left pending is delivered
+        # here, failing its own call, never the next one (the alarm first, so none fires once unblocked)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         with send_lock:
             conn.send_bytes(reply)
-        # what score left behind, undone after its reply is out (the next call waits in the socket meanwhile)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
         if retire:
             return  # retire after a fork: the user's process stops this worker and its children
 

@@ -260,8 +260,7 @@ class ThreadExecutor:
         """One call of score under the timeout; an Outcome whatever the metric does (short of a C-level hang)."""
         contain = threading.get_ident() != _MAIN_IDENT  # on the main thread a KeyboardInterrupt may be a Ctrl-C
         scope = CallScope()  # ended with the call, even one left running past its timeout: its llm() requests stop
-        # an async score's own loop cancels it at the timeout (request.timeout); this is the backstop for a
-        # coroutine blocking its loop, a grace later, so that it never cuts short the cancellation in progress
+        # an async score's loop cancels it at the timeout; this backstop, a grace later, never cuts that short
         limit = self.timeout if request.timeout is None else self.timeout + aio.GRACE
         try:
             ran, value = self._runner.run(

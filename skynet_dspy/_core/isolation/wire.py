@@ -200,7 +200,7 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
     """An Outcome from a worker's plain dict, every field type-checked and its result checked against the contract
     again, here (a metric may write its own replies; a Ray node's outcome is checked by its node and again here)."""
     if type(data) is tuple and len(data) == 2:  # a bare result (outcome_to_plain)
-        return _checked({"score": data[0], "feedback": data[1]}, feedback_limit)
+        data = {"result": {"score": data[0], "feedback": data[1]}}
     if not isinstance(data, dict):
         return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent a malformed reply")
     failure, output, result = _failure(data.get("failure")), _text(data.get("output")), None
@@ -208,10 +208,12 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
         raw = data.get("result")
         if not isinstance(raw, dict):
             return Outcome(failure=Failure.CRASHED, detail="the metric's worker sent neither a result nor a failure")
-        checked = _checked(raw, feedback_limit)
-        if checked.result is None:
-            return checked
-        result = checked.result if output is None else replace(checked.result, output=output)
+        try:
+            result = _result(raw, feedback_limit + CUT_MARGIN)
+        except ContractViolation as violation:
+            return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
+        if output is not None:
+            result = replace(result, output=output)
     return Outcome(
         result=result,
         failure=failure,
@@ -222,14 +224,6 @@ def outcome_from_plain(data: Any, feedback_limit: int) -> Outcome:
         judge_detail=_text(data.get("judge_detail")),
         output=output,
     )
-
-
-def _checked(raw: dict[str, Any], feedback_limit: int) -> Outcome:
-    """The outcome of a worker's result: the result, or an INVALID failure when it breaks the contract."""
-    try:
-        return Outcome(result=_result(raw, feedback_limit + CUT_MARGIN))
-    except ContractViolation as violation:
-        return Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
 
 
 def _result(raw: dict[str, Any], limit: int) -> Result:

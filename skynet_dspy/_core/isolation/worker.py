@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import types
+from contextlib import suppress
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -158,8 +159,7 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
         reply = wire.to_parent({"kind": "outcome", "call": call_id, "outcome": wire.outcome_to_plain(outcome),
                                 "retire": retire})
         _flush()
-        # what score left behind, undone before its reply is out: a signal it blocked and left pending is delivered
-        # here, failing its own call, never the next one (the alarm first, so none fires once unblocked)
+        # undone before the reply: a signal score left blocked and pending fails its own call, never the next one
         signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm score set and did not cancel would kill an idle worker
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         with send_lock:
@@ -171,10 +171,8 @@ def _serve(conn: Connection, loaded: LoadedMetric, feedback_limit: int) -> None:
 def _flush() -> None:
     """Write out what score printed and is still buffered (Python's streams, C's stdio): it belongs to its call."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(Exception):  # a stream the metric closed or replaced
             stream.flush()
-        except Exception:  # a stream the metric closed or replaced
-            pass
     _libc.fflush(None)
 
 

@@ -112,6 +112,17 @@ def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
         ) from None
 
 
+
+def installed_version(distribution: str) -> str:
+    """The installed version of `distribution` (from its package metadata), or "unknown" (run from a source
+    checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
+
 NO_JUDGE_MODEL = (
     "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "
     "skynet_dspy.load_metric(..., metric_lm='openai/gpt-4o-mini') (or reflection_lm=lm), or build the optimizer "

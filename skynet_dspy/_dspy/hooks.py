@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._core.errors import installed_version
 from .._judge.litellm_private import LITELLM_CHECKED  # the one LiteLLM version both files are checked against
 
 DSPY_CHECKED = "3.4.1"
@@ -297,7 +298,7 @@ def problems() -> list[str]:
     except ImportError as exc:
         found.append(f"wrap_litellm: litellm cannot be imported ({exc})")
     else:
-        where = f"litellm {_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
+        where = f"litellm {installed_version('litellm')} (hooks checked against {LITELLM_CHECKED})"
         found += _gone(where, {"wrap_litellm": [f"litellm:{name}" for name, _ in _LITELLM_CALLS]})
     return found + _gepa_problems() + litellm_private.problems()
 
@@ -366,7 +367,7 @@ def _dspy_changes() -> list[tuple[str, str]]:
 def _gepa_problems() -> list[str]:
     import inspect
 
-    where = f"gepa {_version('gepa')} (hooks checked against {GEPA_CHECKED})"
+    where = f"gepa {installed_version('gepa')} (hooks checked against {GEPA_CHECKED})"
     try:
         from gepa.adapters.optimize_anything_adapter import optimize_anything_adapter as adapter
 
@@ -376,12 +377,3 @@ def _gepa_problems() -> list[str]:
     if _NOT_CACHED_KEY not in source:
         return [f"keep_out_of_gepas_cache: {where}: the adapter no longer reads {_NOT_CACHED_KEY!r}"]
     return []
-
-
-def _version(distribution: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return "unknown"

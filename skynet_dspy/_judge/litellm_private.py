@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .._core.errors import installed_version
 from .._core.values import as_number
 
 LITELLM_CHECKED = "1.110.2"
@@ -44,19 +45,12 @@ def no_banner(litellm: Any) -> Iterator[None]:
 
 def problems() -> list[str]:
     """One sentence per private LiteLLM API above that the installed LiteLLM no longer offers."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
     try:
         import litellm
         from litellm.types.utils import ModelResponse
     except ImportError as exc:
         return [f"response_cost: litellm cannot be imported ({exc})"]
-    try:
-        number = installed("litellm")  # it has no __version__
-    except PackageNotFoundError:  # run from a source checkout: no metadata
-        number = "of unknown version"
-    version = f"litellm {number} (checked against {LITELLM_CHECKED})"
+    version = f"litellm {installed_version('litellm')} (checked against {LITELLM_CHECKED})"  # it has no __version__
     if not isinstance(getattr(litellm, "suppress_debug_info", None), bool):
         return [f"no_banner: {version} has no suppress_debug_info flag"]
     if not isinstance(getattr(ModelResponse(), "_hidden_params", None), dict):

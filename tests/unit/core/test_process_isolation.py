@@ -22,6 +22,10 @@ PID_METRIC = """
 import os, time
 def score(input, output, expected=None):
     time.sleep(input.get("sleep", 0))
+    if "meet" in input:  # a rendezvous of two calls: each marks its start, then waits for the other's
+        open(os.path.join(input["meet"], str(input["n"])), "w").close()
+        while len(os.listdir(input["meet"])) < 2:
+            time.sleep(0.01)
     return 1.0, {"feedback": "ok", "pid": os.getpid(), "env": sorted(os.environ)}
 """
 
@@ -310,12 +314,14 @@ def test_a_signal_score_left_blocked_and_pending_never_fails_the_next_call(tmp_p
 def test_two_idle_workers_stopped_by_what_their_calls_left_behind_do_not_fail_the_next_call(tmp_path):
     """Two workers stopped between calls (test_attacks.py's timer_stop, twice): the next call passes over both
     before it is sent."""
-    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC), timeout=10)
+    metric = skynet_dspy.load_metric(write_metric(tmp_path, PID_METRIC), timeout=60)
     try:
         results: list = [None, None]
+        meet = tmp_path / "meet"
+        meet.mkdir()
 
-        def call(n: int) -> None:
-            results[n] = metric.score({"sleep": 0.5}, "x")  # at once: two workers
+        def call(n: int) -> None:  # each call waits for the other to start: two workers, however busy the machine
+            results[n] = metric.score({"meet": str(meet), "n": n}, "x")
 
         threads = [threading.Thread(target=call, args=(n,)) for n in range(2)]
         for thread in threads:

@@ -223,11 +223,10 @@ class Judge:
                  cancelled: threading.Event, attempt: int) -> str:
         """One request: wait out the endpoint's pause (or fail on its breaker) and a turn, reserve, send, settle."""
         while True:
-            try:
-                state.before_send(cancelled)
-            except limits.Unreachable as exc:
-                raise LLMCallError(f"skynet.llm(): the {target.role} {target.describe()} cannot be reached: {exc}",
-                                   unreachable=True) from None
+            breaker = state.before_send(cancelled)
+            if breaker is not None:
+                raise LLMCallError(f"skynet.llm(): the {target.role} {target.describe()} cannot be reached: {breaker}",
+                                   unreachable=True)
             self._per_minute.acquire(cancelled)
             self._in_flight.acquire(cancelled)
             if not state.paused():

@@ -22,10 +22,6 @@ class Cancelled(Exception):
     """The request's metric call ended (or its metric was closed) before it was sent."""
 
 
-class Unreachable(Exception):
-    """The endpoint's circuit breaker is open: its last connections failed."""
-
-
 def wait(seconds: float, cancelled: threading.Event) -> None:
     """Sleep `seconds`, or raise Cancelled as soon as `cancelled` is set."""
     if seconds > 0:
@@ -97,13 +93,14 @@ class EndpointState:
     open_until: float = 0.0  # monotonic: the breaker is open until then
     last_error: str = ""
 
-    def before_send(self, cancelled: threading.Event) -> None:
-        """Wait out a pause; raise Unreachable while the breaker is open."""
+    def before_send(self, cancelled: threading.Event) -> str | None:
+        """Wait out a pause; while the breaker is open, why the request must fail at once (else None)."""
         while (pause := self.paused_until - time.monotonic()) > 0 or time.monotonic() < self.open_until:
             if time.monotonic() < self.open_until:
-                raise Unreachable(f"it could not be reached a moment ago ({self.last_error}); not trying again for "
-                                  f"{self.open_until - time.monotonic():.0f} s")
+                return (f"it could not be reached a moment ago ({self.last_error}); not trying again for "
+                        f"{self.open_until - time.monotonic():.0f} s")
             wait(pause, cancelled)
+        return None
 
     def paused(self) -> bool:
         return time.monotonic() < self.paused_until

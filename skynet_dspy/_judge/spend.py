@@ -55,13 +55,7 @@ class SpendCap:
 
     def check(self) -> None:
         """Before a model call: raise SpendCapReached (and count the refusal) when the cap is reached."""
-        with self._lock:
-            if self._spent < self.limit_usd:
-                return
-            self._refused += 1
-            spent = self._spent
-        self._log_reached(spent)
-        raise SpendCapReached(self._message(spent))
+        self.reserve(0.0)  # the program's calls reserve nothing: this waits for no one
 
     def reserve(self, estimate_usd: float | None, unpriced: str = "no price known",
                 cancelled: threading.Event | None = None) -> float:

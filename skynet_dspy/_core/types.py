@@ -5,19 +5,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 from . import secrets
-
-T = TypeVar("T")
-
-
-def _redacted_repr(cls: type[T]) -> type[T]:
-    """`cls` with its dataclass repr redacted: with isolation="thread", its values are the metric's own, a key
-    among them maybe."""
-    plain = cls.__repr__
-    setattr(cls, "__repr__", lambda self: secrets.redact(plain(self)))  # noqa: B010 - mypy refuses `cls.__repr__ =`
-    return cls
 
 
 class Failure(StrEnum):
@@ -61,8 +51,7 @@ class Item(StrEnum):
     AGREES = "Agrees with people"  # only with human=
 
 
-@_redacted_repr
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Result:
     """One metric call, validated: what the optimizer may see (score, feedback, scores) and the rest.
 
@@ -84,12 +73,19 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     failure: Failure | None = None
     detail: str | None = None
-    observation: Observation | None = field(default=None, repr=False)
-    output: str | None = field(default=None, repr=False)  # score's stdout/stderr (workers only), first few kB
+    observation: Observation | None = None
+    output: str | None = None  # what score wrote to stdout/stderr during the call: its first few kB (workers only)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    def __repr__(self) -> str:
+        # redacted: with isolation="thread", `extra` holds the metric's own values, a key among them maybe
+        return secrets.redact(
+            f"Result(score={self.score!r}, feedback={self.feedback!r}, scores={self.scores!r}, extra={self.extra!r}, "
+            f"failure={self.failure!r}, detail={self.detail!r})"
+        )
 
     def copy(self) -> Result:
         """A copy whose dicts are the caller's own: changing them changes no other call's result."""
@@ -102,8 +98,7 @@ class Result:
         return replace(self, scores=dict(self.scores) if self.scores is not None else None, extra=extra)
 
 
-@_redacted_repr
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Outcome:
     """What an executor reports of one call of `score` (exactly one of `result` and `failure` set).
 
@@ -119,6 +114,10 @@ class Outcome:
     judge_problem: Failure | None = None
     judge_detail: str | None = None
     output: str | None = None  # what score wrote to stdout/stderr during the call (bounded)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return secrets.redact(f"Outcome({fields})")
 
 
 class _Counts:

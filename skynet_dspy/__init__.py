@@ -22,33 +22,12 @@ from typing import Any as _Any
 # set LITELLM_LOCAL_MODEL_COST_MAP=False before importing skynet_dspy to keep LiteLLM's download.
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from . import skynet  # noqa: E402
+from . import errors, skynet  # noqa: E402
+from ._core import options as _options  # noqa: E402
 from ._core.contract import validate_return  # noqa: E402
-from ._core.options import (  # noqa: E402
-    DspyGEPAOptions,
-    GEPAConfigOptions,
-    GEPAOptions,
-    JudgeOptions,
-    MetricOptions,
-    ModelOptions,
-    OptimizeAnythingOptions,
-    OutputOptions,
-    ScoringOptions,
-)
+from ._core.options import *  # noqa: E402, F403 - the public option types, named in its __all__
 from ._core.types import Failure, JudgeUsage, MetricInfo, Observation, ProgramUsage, Result, Usage  # noqa: E402
-from .errors import (  # noqa: E402
-    ContractViolation,
-    DataError,
-    LLMCallError,
-    MetricLoadError,
-    MissingExtra,
-    ModelNotConfigured,
-    OutsideMetricCall,
-    RewardSpecError,
-    SkynetDspyError,
-    SpendCapReached,
-    WorkerError,
-)
+from .errors import *  # noqa: E402, F403 - the public exceptions, named once: in _core/errors.py's __all__
 
 if _sys.modules.get("skynet") is not skynet:
     _sys.modules["skynet"] = skynet
@@ -118,59 +97,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CheckItem",
-    "ContractReport",
-    "ContractViolation",
-    "CostReceipt",
-    "DataError",
-    "DspyGEPAOptions",
-    "Endpoint",
-    "Evaluator",
-    "Failure",
-    "GEPAConfigOptions",
-    "GEPAOptions",
-    "Judge",
-    "JudgeOptions",
-    "JudgeUsage",
-    "LLMCallError",
-    "Metric",
-    "MetricInfo",
-    "MetricLoadError",
-    "MetricOptions",
-    "MissingExtra",
-    "ModelNotConfigured",
-    "ModelOptions",
-    "Observation",
-    "OptimizationReport",
-    "OptimizeAnythingOptions",
-    "OutputOptions",
-    "OutsideMetricCall",
-    "ProgramUsage",
-    "RayCluster",
-    "Result",
-    "RewardSpecError",
-    "Score",
-    "ScoringOptions",
-    "SkynetDspyError",
-    "SpendCapReached",
-    "Usage",
-    "WorkerError",
-    "check_contract",
-    "configure_llm",
-    "gepa",
-    "helpers",
-    "load_metric",
-    "log_to_mlflow",
-    "make_evaluator",
-    "optimize_anything",
-    "report",
-    "results_csv",
-    "results_frame",
-    "results_style",
-    "skynet",
-    "split_row",
+    "CheckItem", "ContractReport", "CostReceipt", "Endpoint", "Evaluator", "Failure", "Judge", "JudgeUsage", "Metric",
+    "MetricInfo", "Observation", "OptimizationReport", "ProgramUsage", "RayCluster", "Result", "Score", "Usage",
+    "check_contract", "configure_llm", "gepa", "helpers", "load_metric", "log_to_mlflow", "make_evaluator",
+    "optimize_anything", "report", "results_csv", "results_frame", "results_style", "skynet", "split_row",
     "validate_return",
 ]
+__all__ += errors.__all__
+__all__ += _options.__all__
 __version__ = "0.2.0"
 
 for _name in __all__:

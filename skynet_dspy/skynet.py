@@ -11,7 +11,7 @@ from typing import Any
 
 from ._core import aio, context
 from ._core import reward as _reward
-from ._core.errors import ModelNotConfigured, judge_failure
+from ._core.errors import NO_JUDGE_MODEL, ModelNotConfigured, judge_failure
 from ._core.types import Observation
 from ._core.values import check_llm_arguments
 
@@ -30,11 +30,7 @@ def llm(instructions: str, input: str | None = None, **settings: Any) -> str:
     call = context.current_or_none("llm")
     handler = call.llm if call is not None else context.default_llm()
     if handler is None:
-        raise ModelNotConfigured(
-            "skynet.llm() has no model to call here. Inside a metric run it uses the metric model or the reflection "
-            "model given to skynet_dspy.load_metric(...) / skynet_dspy.gepa(...); to try a metric by hand, call "
-            "skynet_dspy.configure_llm(metric_lm=...) first."
-        )
+        raise ModelNotConfigured(NO_JUDGE_MODEL)
     try:
         return handler(instructions, input, settings)
     except Exception as exc:

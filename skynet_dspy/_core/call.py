@@ -84,11 +84,9 @@ def run_call(
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a metric is contained too
             return _raised(exc, loaded, request, call)
         try:
-            result = check_return(value, feedback_limit + CUT_MARGIN)
+            outcome = Outcome(result=check_return(value, feedback_limit + CUT_MARGIN))
         except ContractViolation as violation:
-            return _with_judge(
-                Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation)), call
-            )
+            outcome = Outcome(failure=Failure.INVALID, rule=violation.rule, detail=str(violation))
         except CallTimedOut:
             raise
         except BaseException as exc:  # noqa: BLE001 - e.g. a returned object whose __float__ calls sys.exit
@@ -96,8 +94,8 @@ def run_call(
                 raise
             rule = "unreadable return value"
             detail = f"{rule}: {type(exc).__name__} was raised while reading the return value"
-            return _with_judge(Outcome(failure=Failure.INVALID, rule=rule, detail=detail), call)
-    return _with_judge(Outcome(result=result), call)
+            outcome = Outcome(failure=Failure.INVALID, rule=rule, detail=detail)
+    return _with_judge(outcome, call)
 
 
 def _call_score(loaded: LoadedMetric, request: CallRequest) -> Any:

@@ -12,17 +12,8 @@ from .types import Failure, Item
 from .values import exception_text
 
 __all__ = [
-    "ContractViolation",
-    "DataError",
-    "LLMCallError",
-    "MetricLoadError",
-    "MissingExtra",
-    "ModelNotConfigured",
-    "OutsideMetricCall",
-    "RewardSpecError",
-    "SkynetDspyError",
-    "SpendCapReached",
-    "WorkerError",
+    "ContractViolation", "DataError", "LLMCallError", "MetricLoadError", "MissingExtra", "ModelNotConfigured",
+    "OutsideMetricCall", "RewardSpecError", "SkynetDspyError", "SpendCapReached", "WorkerError",
 ]
 
 
@@ -112,7 +103,6 @@ def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
         ) from None
 
 
-
 def installed_version(distribution: str) -> str:
     """The installed version of `distribution` (from its package metadata), or "unknown" (run from a source
     checkout)."""
@@ -122,6 +112,7 @@ def installed_version(distribution: str) -> str:
         return version(distribution)
     except PackageNotFoundError:
         return "unknown"
+
 
 NO_JUDGE_MODEL = (
     "skynet.llm() has no model to call: neither a metric model nor a reflection model is set. Set one with "

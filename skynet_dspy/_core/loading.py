@@ -75,7 +75,7 @@ def load(source: Any, file: str | None = None) -> LoadedMetric:
         label = getattr(source, "__qualname__", None) or type(source).__name__
         name = getattr(source, "__name__", None) or type(source).__name__
         owner = inspect.getmodule(source)
-        spec = getattr(owner, "REWARD_SPEC", None) if owner is not None else None
+        spec = getattr(owner, "REWARD_SPEC", None)
         file = next((code.co_filename for code in _code_objects(source)), None)
         return LoadedMetric(source, _takes_expected(source, label), identifier(name), spec, owner, label, file)
     raise TypeError(
@@ -97,9 +97,7 @@ def _from_module(module: ModuleType, name: str, stem: str) -> LoadedMetric:
             f"Add `{_SCORE_EXAMPLE}` returning (score, {{'feedback': '...'}})."
         )
     if not callable(score):
-        raise MetricLoadError(
-            f"{name}: `score` is {a_type(score)}, not a function. Define `{_SCORE_EXAMPLE} ...`."
-        )
+        raise MetricLoadError(f"{name}: `score` is {a_type(score)}, not a function. Define `{_SCORE_EXAMPLE} ...`.")
     spec = getattr(module, "REWARD_SPEC", None)
     file = getattr(module, "__file__", None)
     return LoadedMetric(score, _takes_expected(score, name), identifier(stem), spec, module, name, file)
@@ -321,18 +319,14 @@ def _names_in(code: types.CodeType) -> set[str]:
 def uses_measurement(loaded: LoadedMetric) -> bool:
     """Whether the code of score, its module or the modules beside it refers to reward, observation or
     service_cost (so its runs must be measured)."""
-    names: set[str] = set()
-    for code in _code_objects(loaded.score):
-        names |= _names_in(code)
     modules = [loaded.module] if loaded.module is not None else []
     root = getattr(loaded.module, "__package__", None) or ""
     if root.startswith("skynet_metric_"):
         modules += [m for key, m in list(sys.modules.items()) if key.startswith(root + ".")]
-    for module in modules:
-        for value in list(vars(module).values()):
-            if isinstance(value, types.FunctionType):
-                names |= _names_in(value.__code__)
-        names |= set(vars(module)) & _MEASURING_NAMES
+    codes = _code_objects(loaded.score)
+    codes += [value.__code__ for module in modules for value in list(vars(module).values())
+              if isinstance(value, types.FunctionType)]
+    names = set().union(*map(_names_in, codes), *map(vars, modules))  # a module-level name counts too
     return bool(names & _MEASURING_NAMES)
 
 

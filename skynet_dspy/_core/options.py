@@ -15,6 +15,11 @@ from .values import unknown_option
 if TYPE_CHECKING:  # imported on first use (skynet_dspy.RayCluster): `import skynet_dspy` stays light
     from .isolation.ray_cluster import RayCluster
 
+__all__ = [  # the public option types (skynet_dspy exports them)
+    "DspyGEPAOptions", "GEPAConfigOptions", "GEPAOptions", "JudgeOptions", "MetricOptions", "ModelOptions",
+    "OptimizeAnythingOptions", "OutputOptions", "ScoringOptions",
+]
+
 MetricSource: TypeAlias = str | os.PathLike[str] | ModuleType | Callable[..., Any]
 """A metric: a path to metric.py, an imported module defining `score`, a `score` function, or a loaded Metric."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 # C0 controls but newline and tab, DEL, C1 controls (0x9b is CSI and 0x9d OSC on some terminals), and the
@@ -90,13 +91,20 @@ def literal_text(figure: Any) -> Any:
 
 
 def json_safe(value: Any) -> Any:
-    """`value` with every string in it (keys too) valid UTF-8: lists, tuples and dicts walked."""
+    """`value` with every string in it (keys too) valid UTF-8: lists, tuples (as lists) and dicts walked."""
+    return map_strings(value, valid_utf8, list)
+
+
+def map_strings(value: Any, change: Callable[[str], str], as_tuple: Callable[[list[Any]], Any] = tuple) -> Any:
+    """`value` with `change` applied to every string in it (keys too): lists, tuples (made by `as_tuple`) and dicts
+    walked."""
     if isinstance(value, str):
-        return valid_utf8(value)
+        return change(value)
     if isinstance(value, dict):
-        return {json_safe(key): json_safe(item) for key, item in value.items()}
+        return {map_strings(key, change, as_tuple): map_strings(item, change, as_tuple) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
+        items = [map_strings(item, change, as_tuple) for item in value]
+        return as_tuple(items) if isinstance(value, tuple) else items
     return value
 
 

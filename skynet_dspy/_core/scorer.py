@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from . import secrets
+from . import safe_text, secrets
 from .call import CallRequest
 from .context import LLMHandler, default_llm
 from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_feedback
@@ -143,7 +143,7 @@ class Scorer:
         """The Result of a call that worked: its feedback cut to the limit, no key in what reaches the optimizer."""
         result = finish_feedback(result, self.feedback_limit)
         if result.extra and self.isolation != "thread":
-            result = replace(result, extra=_redacted(result.extra))
+            result = replace(result, extra=safe_text.map_strings(result.extra, secrets.redact))
         if result.scores:  # the names reach the optimizer, like the feedback: no key among them
             names = {secrets.redact(name): value for name, value in result.scores.items()}
             if names != result.scores:
@@ -280,15 +280,3 @@ def _default_handler(instructions: str, input: str | None, settings: dict[str, A
         raise ModelNotConfigured(NO_JUDGE_MODEL)
     return handler(instructions, input, settings)
 
-
-def _redacted(value: Any) -> Any:
-    """Extra values from a worker, with credentials masked in every string they hold."""
-    if isinstance(value, str):
-        return secrets.redact(value)
-    if isinstance(value, list):
-        return [_redacted(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(_redacted(item) for item in value)
-    if isinstance(value, dict):
-        return {_redacted(key): _redacted(item) for key, item in value.items()}
-    return value

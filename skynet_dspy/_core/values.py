@@ -28,10 +28,9 @@ def as_number(value: Any) -> float | None:
                 if isinstance(value, numbers.Integral):
                     return math.inf if int(value) > 0 else -math.inf
                 return None
-        dtype = getattr(value, "dtype", None)  # NumPy bool_ and 0-d arrays are not registered as numbers.Real
-        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and dtype is not None:
-            if dtype.kind in "biuf":
-                return float(value)
+        # NumPy bool_ and 0-d arrays are not registered as numbers.Real (a missing attribute is caught below)
+        if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and value.dtype.kind in "biuf":
+            return float(value)
     except Exception:
         return None
     return None

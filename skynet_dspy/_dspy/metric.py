@@ -374,13 +374,9 @@ class Metric:
         with measurement.program_caps(self.program_cap):
             yield
 
-    @property
-    def stop_callback(self) -> Callable[[Any], bool]:
+    def stop_callback(self, gepa_state: Any = None) -> bool:
         """A GEPA stop callback that stops the run once a spending cap is reached (skynet_dspy.gepa() and
         optimize_anything() add it; with dspy.GEPA, pass gepa_kwargs={"stop_callbacks": [metric.stop_callback]})."""
-        return self._stop
-
-    def _stop(self, gepa_state: Any = None) -> bool:
         return self.spend_cap_reached
 
     def close(self) -> None:

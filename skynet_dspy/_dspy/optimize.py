@@ -108,20 +108,11 @@ def _sorted_options(
     metric_options: MetricOptions | None, options: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(load_metric()'s settings, dspy.GEPA's settings) from gepa()'s keywords; failure_score goes to both."""
-    metric_settings: dict[str, Any] = dict(metric_options or {})
-    gepa_settings: dict[str, Any] = {}
-    for name, value in dict(options).items():
-        if name in ("metric", "reflection_lm"):
-            raise TypeError("pass metric and reflection_lm once, as gepa()'s own arguments")
-        if name == "failure_score":
-            metric_settings[name] = gepa_settings[name] = value
-        elif name in OPTIONS:
-            metric_settings[name] = value
-        elif name in _GEPA_OPTIONS:
-            gepa_settings[name] = value
-        else:
+    for name in options:
+        if name not in OPTIONS and name not in _GEPA_OPTIONS:
             raise unknown_option("skynet_dspy.gepa()", name, (*OPTIONS, *_GEPA_OPTIONS))
-    return metric_settings, gepa_settings
+    metric_settings = {**(metric_options or {}), **{k: v for k, v in options.items() if k in OPTIONS}}
+    return metric_settings, {name: value for name, value in options.items() if name in _GEPA_OPTIONS}
 
 
 def _with_loaded(

@@ -15,11 +15,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ._core import secrets
 from ._core.contract import DEFAULT_TIMEOUT, MAX_TIMEOUT
-from ._core.options import MetricOptions
+from ._core.options import MetricOptions, names
 from ._core.safe_text import for_terminal
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_metric_arguments(check, "CASES.jsonl")
     how_many = check.add_mutually_exclusive_group()
-    how_many.add_argument("--cases", type=_at_least_one("cases"), default=None, metavar="N",
+    how_many.add_argument("--cases", type=_at_least_one("cases"), metavar="N",
                           help=f"check the first N cases (default {CASES_CHECKED}; every case with --human)")
     how_many.add_argument("--all", action="store_true", help="check every case")
     check.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
@@ -95,14 +95,14 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"with --repeat: warn when a case's scores vary by more than X (default "
                        f"{DEFAULT_MAX_SPREAD:g})")
     check.add_argument(
-        "--human", type=Path, default=None, metavar="LABELS.jsonl",
+        "--human", type=Path, metavar="LABELS.jsonl",
         help='a person\'s score for each case of --data, one line per case in the same order: a number, null, or '
         '{"score": 1, "scores": {...}}; reports the agreement between metric and person',
     )
     check.add_argument("--min-agreement", type=_agreement, default=DEFAULT_MIN_AGREEMENT, metavar="X",
                        help=f"with --human: warn when kappa (or Spearman's rho) is below X (default "
                        f"{DEFAULT_MIN_AGREEMENT:g})")
-    check.add_argument("--max-judge-cost-usd", type=_dollars, default=None, metavar="USD",
+    check.add_argument("--max-judge-cost-usd", type=_dollars, metavar="USD",
                        help="stop sending llm() requests once the judge has cost this much (a cap the repeats keep)")
     score = commands.add_parser(
         "score",
@@ -112,10 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         "many and of which kind) or the metric does not load, 2 bad arguments or unreadable files.",
     )
     _add_metric_arguments(score, "OUTPUTS.jsonl")
-    score.add_argument(
-        "--out", type=Path, default=None, metavar="results.csv|results.jsonl",
-        help="where to write the rows (.csv or .jsonl); without it, JSONL rows on standard output",
-    )
+    score.add_argument("--out", type=Path, metavar="results.csv|results.jsonl",
+                       help="where to write the rows (.csv or .jsonl); without it, JSONL rows on standard output")
     score.add_argument("--threads", type=_threads, default=4, metavar="N",
                        help="calls of score made at a time (default 4; each thread gets a worker process)")
     return parser
@@ -130,31 +128,26 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
         help='one case per line: {"input": {...}, "output": ..., "expected": {...}}; without "output", the expected '
         "values are scored as the output. Flat rows ({\"ticket\": ..., \"label\": ...}) with --inputs",
     )
+    command.add_argument("--inputs", type=_names, metavar="NAME[,NAME...]",
+                         help="read flat rows: these keys are the input fields, every other key an expected value")
+    # load_metric's options, each flag named as its option (_metric_options passes those given; the rest keep
+    # load_metric's defaults)
+    command.add_argument("--timeout", type=_timeout, metavar="S", help=f"seconds each call of score may take "
+                         f"(0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})")
     command.add_argument(
-        "--inputs", type=_names, default=None, metavar="NAME[,NAME...]",
-        help="read flat rows: these keys are the input fields, every other key an expected value",
-    )
-    command.add_argument(
-        "--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="S",
-        help=f"seconds each call of score may take (0 < S <= {MAX_TIMEOUT:g}; default {DEFAULT_TIMEOUT:g})",
-    )
-    command.add_argument(
-        "--output-fields", type=_names, default=None, metavar="NAME[,NAME...]",
+        "--output-fields", type=_names, metavar="NAME[,NAME...]",
         help="the fields a program's output holds (some may have no expected value, e.g. a confidence); a case "
         "without an output is scored on its expected values of these fields",
     )
-    command.add_argument(
-        "--metric-lm", default=None, metavar="MODEL",
-        help="the model llm() calls, any LiteLLM model string (its key from the environment, as LiteLLM reads it)",
-    )
-    command.add_argument("--api-base", default=None, metavar="URL",
-                         help="an OpenAI-compatible base URL for --metric-lm")
-    command.add_argument("--judge-max-concurrency", type=_at_least_one("requests"), default=None, metavar="N",
+    command.add_argument("--metric-lm", metavar="MODEL", help="the model llm() calls, any LiteLLM model string (its "
+                         "key from the environment, as LiteLLM reads it)")
+    command.add_argument("--api-base", metavar="URL", help="an OpenAI-compatible base URL for --metric-lm")
+    command.add_argument("--judge-max-concurrency", type=_at_least_one("requests"), metavar="N",
                          help="at most N llm() requests in flight at once (default: no limit)")
-    command.add_argument("--judge-rpm", type=_at_least_one("requests"), default=None, metavar="R",
+    command.add_argument("--judge-rpm", type=_at_least_one("requests"), metavar="R",
                          help="at most R llm() requests started a minute, spread evenly (default: no limit)")
     command.add_argument(
-        "--isolation", choices=("process", "thread", "ray"), default="process",
+        "--isolation", choices=("process", "thread", "ray"),
         help="where score runs: worker processes (default), threads of this process, or a Ray cluster (RAY_ADDRESS, "
         "else a local Ray; needs skynet-dspy[ray])",
     )
@@ -193,16 +186,10 @@ def _metric_options(args: argparse.Namespace) -> MetricOptions:
         raise UsageError(f"metric file not found: {args.metric}")
     if args.api_base and not args.metric_lm:
         raise UsageError("--api-base needs --metric-lm MODEL, the model to call there")
-    options: MetricOptions = {
-        "timeout": args.timeout,
-        "output_fields": args.output_fields,
-        "isolation": args.isolation,
-        "judge_max_concurrency": args.judge_max_concurrency,
-        "judge_rpm": args.judge_rpm,
-        "max_judge_cost_usd": getattr(args, "max_judge_cost_usd", None),  # check's flag
-    }
-    if args.metric_lm:
-        options["metric_lm"] = {"model": args.metric_lm, "api_base": args.api_base} if args.api_base else args.metric_lm
+    options = cast(MetricOptions, {name: value for name, value in vars(args).items()
+                                   if name in names(MetricOptions) and value is not None})
+    if args.api_base:
+        options["metric_lm"] = {"model": args.metric_lm, "api_base": args.api_base}
     return options
 
 

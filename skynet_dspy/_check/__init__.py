@@ -191,14 +191,17 @@ def _adapter_warnings_silenced() -> Iterator[None]:
         logger.removeFilter(from_other_threads)
 
 
-def _plan(checked: list[Case], perfects: list[Any], index: int) -> list[tuple[Role, Any, int | None]]:
+def _plan(case: Case, perfects: list[Any], index: int) -> list[tuple[Role, Any, int | None]]:
     """The calls to make on a case: its given output, its expected values as output (the perfect answer), and,
-    with no output given, another case's expected values (a wrong answer)."""
-    case, perfect = checked[index], perfects[index]
+    with no output given, the next case's expected values that differ from its own (a wrong answer)."""
+    perfect = perfects[index]
     plan: list[tuple[Role, Any, int | None]] = [(Role.GIVEN, case.output, None)] if case.has_output else []
     if perfect is not None:
         plan.append((Role.PERFECT, perfect, None))
-    other = None if case.has_output else _contrast(perfects, index)
+    if case.has_output or perfect is None:
+        return plan
+    following = (other % len(perfects) for other in range(index + 1, index + len(perfects)))
+    other = next((o for o in following if perfects[o] is not None and not same_value(perfects[o], perfect)), None)
     return plan if other is None else [*plan, (Role.CONTRAST, perfects[other], other + 1)]
 
 
@@ -207,7 +210,7 @@ def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progres
     from .._dspy.translate import perfect_output
 
     perfects = [perfect_output(case.expected, metric.output_fields) for case in checked]
-    plans = [_plan(checked, perfects, index) for index in range(len(checked))]
+    plans = [_plan(case, perfects, index) for index, case in enumerate(checked)]
     planned, done = sum(len(plan) for plan in plans), 0
     for number, (case, plan) in enumerate(zip(checked, plans, strict=True), 1):
         runs: dict[Role, Result] = {}
@@ -226,14 +229,3 @@ def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progres
         ))
         if any(result.failure in STOPPING for result in runs.values()):
             return
-
-
-def _contrast(perfects: list[Any], index: int) -> int | None:
-    """The index of another case whose expected values differ from this case's, to score as a wrong output."""
-    if perfects[index] is None:
-        return None
-    for offset in range(1, len(perfects)):
-        other = (index + offset) % len(perfects)
-        if perfects[other] is not None and not same_value(perfects[other], perfects[index]):
-            return other
-    return None

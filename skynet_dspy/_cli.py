@@ -46,17 +46,12 @@ def _typed(kind: Callable[[str], Any], valid: Callable[[Any], bool], what: str) 
     return parse
 
 
-def _names(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of field names, e.g. label,date")
-    return names
-
-
 def _at_least_one(unit: str) -> Callable[[str], Any]:
     return _typed(int, lambda n: n >= 1, f"a number of {unit}, 1 or more")
 
 
+_names = _typed(lambda text: [name.strip() for name in text.split(",")], all,
+                "a comma-separated list of field names, e.g. label,date")
 _timeout = _typed(float, lambda x: 0 < x <= MAX_TIMEOUT,
                   f"a number of seconds in (0, {MAX_TIMEOUT:g}]; the default is {DEFAULT_TIMEOUT:g}")
 _threads = _typed(int, lambda n: 1 <= n <= 256, "a number of threads from 1 to 256")

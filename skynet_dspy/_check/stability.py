@@ -13,6 +13,7 @@ from .._core import context, secrets
 from .._core.logs import logger
 from .._core.types import Failure, Item, JudgeUsage, Result, Status
 from .._core.values import finite_number, usd, whole_number
+from .items import STOPPING
 from .report import CheckItem, ContractReport
 
 if TYPE_CHECKING:
@@ -20,8 +21,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SPREAD = 0.1  # a case whose score (or a named score) varies by more than this over its repeats warns
 # A repeat failing so stops the repeats: the metric hung, or its judge cannot answer (a cap, an error, no model).
-_STOPPING = frozenset({Failure.TIMEOUT, Failure.OVERLOADED, Failure.SPEND_CAP, Failure.JUDGE_ERROR,
-                       Failure.JUDGE_NOT_CONFIGURED, Failure.LOAD})
+_STOPPING = STOPPING | {Failure.SPEND_CAP, Failure.JUDGE_ERROR, Failure.JUDGE_NOT_CONFIGURED, Failure.LOAD}
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,9 @@ _dollars = _typed(float, lambda x: 0 < x < math.inf, "an amount of US dollars ab
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
-    from ._check import CASES_CHECKED, DEFAULT_MAX_SPREAD, DEFAULT_MIN_AGREEMENT
+    from ._check.agreement import DEFAULT_MIN_AGREEMENT
+    from ._check.cases import CASES_CHECKED
+    from ._check.stability import DEFAULT_MAX_SPREAD
 
     parser = argparse.ArgumentParser(prog="skynet-dspy", description="Skynet metrics (metric.py) for DSPy and GEPA.")
     parser.add_argument("--version", action="version", version=f"skynet-dspy {__version__}")
@@ -151,7 +153,8 @@ def _add_metric_arguments(command: argparse.ArgumentParser, data: str) -> None:
 def _check(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from ._check import CASES_CHECKED, check_contract, read_jsonl
+    from ._check import check_contract
+    from ._check.cases import CASES_CHECKED, read_jsonl
     from ._core.logs import logger
     from ._results.progress import Progress
 
@@ -192,7 +195,7 @@ def _score(args: argparse.Namespace) -> int:
     """Score every case; write the rows; exit 0 when every call worked, 1 when some failed."""
     import time
 
-    from ._check import parse_case, read_jsonl
+    from ._check.cases import parse_case, read_jsonl
     from ._dspy.metric import load_metric
     from ._results import scoring
     from ._results.progress import Progress
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed usage and the error (or --help / --version)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    from ._check import DataError
+    from .errors import DataError
 
     try:
         return _score(args) if args.command == "score" else _check(args)

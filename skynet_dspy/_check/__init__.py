@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Unpack
 from .._core.options import MetricOptions, MetricSource, check_names
 from .._core.types import Item, JudgeUsage, Result, Status
 from .._core.values import shorten, whole_number
-from ..errors import DataError, MetricLoadError, RewardSpecError, WorkerError
+from ..errors import MetricLoadError, RewardSpecError, WorkerError
 from . import agreement, items, stability
 from .agreement import DEFAULT_MIN_AGREEMENT, HumanScores
-from .cases import CASES_CHECKED, Case, cases, parse_case, read_jsonl
+from .cases import CASES_CHECKED, Case, cases
 from .items import STOPPING, same_value
 from .report import Call, CaseRun, CheckItem, ContractReport, Role
 from .stability import DEFAULT_MAX_SPREAD
@@ -26,18 +26,7 @@ from .stability import DEFAULT_MAX_SPREAD
 if TYPE_CHECKING:
     from .._dspy.metric import Metric
 
-__all__ = [
-    "CASES_CHECKED",
-    "DEFAULT_MAX_SPREAD",
-    "DEFAULT_MIN_AGREEMENT",
-    "CaseRun",
-    "CheckItem",
-    "ContractReport",
-    "DataError",
-    "check_contract",
-    "parse_case",
-    "read_jsonl",
-]
+__all__ = ["CheckItem", "ContractReport", "check_contract"]  # what skynet_dspy exports from here
 
 Progress = Callable[[int, int], None]  # (calls done, calls planned)
 

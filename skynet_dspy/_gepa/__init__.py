@@ -162,40 +162,28 @@ def _gepa_config(
         engine["max_metric_calls"] = max_metric_calls
     top = groups["top"]  # with a spending cap, GEPA stops once it is reached, keeping the best candidate so far
     top["stop_callbacks"] = stop_callbacks_with_caps(top.get("stop_callbacks"), metric)
-    if top.get("merge") is True:
-        top["merge"] = oa.MergeConfig()
-    elif top.get("merge") is False:
-        top["merge"] = None
-    return oa.GEPAConfig(
-        engine=oa.EngineConfig(**engine),
-        reflection=oa.ReflectionConfig(**groups["reflection"]),
-        tracking=oa.TrackingConfig(**groups["tracking"]),
-        **top,
-    )
+    if isinstance(top.get("merge"), bool):
+        top["merge"] = oa.MergeConfig() if top["merge"] else None
+    # GEPAConfig builds its EngineConfig, ReflectionConfig and TrackingConfig from dicts
+    return oa.GEPAConfig(engine=engine, reflection=groups["reflection"], tracking=groups["tracking"], **top)
 
 
 def _split_config(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Sort optimize_anything()'s keyword arguments into load_metric options and GEPA's config groups."""
+    """Sort optimize_anything()'s keyword arguments into load_metric options and GEPA's config groups
+    (OptimizeAnythingOptions declares every one of GEPA's fields: tests/unit/test_typing.py)."""
     from gepa import optimize_anything as oa
 
-    fields = {
-        "engine": {f.name for f in dataclasses.fields(oa.EngineConfig)} - {"seed", "max_metric_calls"},
-        "reflection": {f.name for f in dataclasses.fields(oa.ReflectionConfig)} - {"reflection_lm"},
-        "tracking": {f.name for f in dataclasses.fields(oa.TrackingConfig)},
-        "top": {"merge", "refiner", "callbacks", "stop_callbacks"},
-        "metric": set(names(ScoringOptions)),  # load_metric()'s, but the output's (run() returns it) and the models
-    }
-    groups: dict[str, dict[str, Any]] = {name: {} for name in fields}
-    unknown = []
-    for name, value in config.items():
-        if name in _REFUSED:
-            raise TypeError(f"optimize_anything() does not take {name}=: {_REFUSED[name]}")
-        group = next((group for group, names in fields.items() if name in names), None)
-        if group is None:
-            unknown.append(name)
-        else:
-            groups[group][name] = value
+    refused = [name for name in config if name in _REFUSED]
+    if refused:
+        raise TypeError(f"optimize_anything() does not take {refused[0]}=: {_REFUSED[refused[0]]}")
+    unknown = [name for name in config if name not in names(OptimizeAnythingOptions)]
     if unknown:
-        known = set().union(*fields.values()) - set(_REFUSED) | {"max_metric_calls", "objective", "background"}
+        known = names(OptimizeAnythingOptions) | {"max_metric_calls", "objective", "background"}
         raise unknown_option("optimize_anything()", unknown[0], known)
-    return groups
+    fields = {
+        group: {field.name for field in dataclasses.fields(config_class)}
+        for group, config_class in (("engine", oa.EngineConfig), ("reflection", oa.ReflectionConfig),
+                                    ("tracking", oa.TrackingConfig))
+    }
+    fields |= {"top": {"merge", "refiner", "callbacks", "stop_callbacks"}, "metric": set(names(ScoringOptions))}
+    return {group: {name: config[name] for name in config if name in members} for group, members in fields.items()}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 from collections.abc import Callable, Mapping
@@ -15,7 +14,6 @@ from .._core.call import CallRequest
 from .._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from .._core.errors import MetricLoadError, SpendCapReached
 from .._core.isolation.process import ProcessExecutor
-from .._core.isolation.sandbox import folders_of, sandbox_for
 from .._core.options import MetricSource, ModelSpec, ScoringOptions, check_names
 from .._core.types import Failure, Outcome, Result
 from .._core.values import exception_text, shorten
@@ -255,23 +253,13 @@ def make_evaluator(
         loaded = load_metric(metric, metric_lm=metric_lm, reflection_lm=judge_fallback, **metric_options)
     owns = loaded is not metric
     try:
-        workers = None if run_isolation == "thread" else _run_workers(
-            run, run_fn, loaded, run_timeout, run_isolation == "sandbox")
+        workers = None if run_isolation == "thread" else run_workers.start(
+            run_fn, check_timeout(run_timeout) if run_timeout is not None else loaded.timeout,
+            path=str(run) if isinstance(run, (str, Path)) else None, sandbox=loaded.scorer.sandbox,
+            sandboxed=run_isolation == "sandbox")
     except BaseException:
         if owns:  # loaded here: its workers are not left behind
             loaded.close()
         raise
     return Evaluator(run_fn, loaded, workers, owns_metric=owns)
 
-
-def _run_workers(
-    run: Any, run_fn: Callable[[Any, Any], Any], metric: Metric, timeout: float | None, sandboxed: bool
-) -> ProcessExecutor:
-    """Worker processes for run(), sandboxed when asked or when the metric's workers are (the run file's folder
-    readable)."""
-    timeout = check_timeout(timeout) if timeout is not None else metric.timeout
-    path = str(run) if isinstance(run, (str, Path)) else None
-    sandbox = metric.scorer.sandbox or (sandbox_for(path or run_fn, True, False) if sandboxed else None)
-    if sandbox is not None:
-        sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run_fn))
-    return run_workers.start(run_fn, timeout, path=path, launcher=sandbox)

@@ -125,21 +125,14 @@ def example_loaders(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> t
     evaluation (gepa-ai/gepa#424). Here the valset keeps its positions as ids, a training example equal to
     a valset one shares its id (one evaluation serves both), and the others are numbered after the valset.
     """
-    first_in_val: dict[str, int] = {}
+    first_in_val: dict[str | None, int] = {}
     for position, item in enumerate(val):
-        key = _content_key(item)
-        if key is not None:
-            first_in_val.setdefault(key, position)
-    shared: set[int] = set()
+        first_in_val.setdefault(_content_key(item), position)
+    first_in_val.pop(None, None)  # an example that is not plain data shares no id
     train_ids = []
     for position, item in enumerate(train):
-        key = _content_key(item)
-        same = first_in_val.get(key) if key is not None else None
-        if same is not None and same not in shared:
-            shared.add(same)
-            train_ids.append(same)
-        else:
-            train_ids.append(len(val) + position)
+        same = first_in_val.pop(_content_key(item), None)  # popped: one training example shares it, no second
+        train_ids.append(len(val) + position if same is None else same)
     return ExampleLoader(train_ids, train), ExampleLoader(list(range(len(val))), val)
 
 

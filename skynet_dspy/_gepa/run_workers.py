@@ -8,12 +8,13 @@ The dressed score is sent to the workers by value (cloudpickle), so a worker run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._core.errors import MetricLoadError
 from .._core.isolation.process import ProcessExecutor
-from .._core.isolation.sandbox import Sandbox
+from .._core.isolation.sandbox import Sandbox, folders_of, sandbox_for
 from .._core.types import Failure, Outcome
 from .._core.values import exception_text
 
@@ -45,13 +46,18 @@ def as_score(run: Callable[[Any, Any], Any] | None, path: str | None = None) -> 
     return score
 
 
-def start(run: Callable[[Any, Any], Any], timeout: float, *, path: str | None = None,
-          launcher: Sandbox | None = None) -> ProcessExecutor:
+def start(run: Callable[[Any, Any], Any], timeout: float, *, path: str | None, sandbox: Sandbox | None,
+          sandboxed: bool) -> ProcessExecutor:
     """Worker processes for run(artifact, input) (from run.py at `path` when given), each call under `timeout`
-    seconds in a new worker; a run that cannot be sent to one is a MetricLoadError naming the alternatives."""
+    seconds in a new worker; sandboxed when asked or when the metric's workers are (`sandbox`), with the run
+    file's folder readable. A run that cannot be sent to one is a MetricLoadError naming the alternatives."""
+    if sandbox is None and sandboxed:
+        sandbox = sandbox_for(path or run, True, False)
+    if sandbox is not None:
+        sandbox = dataclasses.replace(sandbox, read_only=folders_of(path or run))
     source = as_score(None, path) if path is not None else as_score(run)
     try:
-        return ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_calls=1, launcher=launcher)
+        return ProcessExecutor(source, timeout, _FEEDBACK_LIMIT, max_calls=1, launcher=sandbox)
     except MetricLoadError as exc:
         raise MetricLoadError(
             f"run cannot be sent to a worker process: {exc}. Define run in a run.py and pass its path, or "

@@ -59,27 +59,64 @@ def results_frame(evaluation: EvaluationResult | ContractReport, *, include_expe
         rows = [table.row_of_result(run.input, run.output, run.expected, run.own) for run, _ in cases]
     else:
         cases, rows = [], table.rows_of(evaluation)
-    frame = _frame_of(rows, table.layout(rows, include_expected))
+    frame = _frame_of(rows, include_expected)
     for column in dict.fromkeys(name for _, columns in cases for name in columns):
         frame[column] = [columns.get(column) for _, columns in cases]
     return frame
 
 
-def _frame_of(rows: list[table.Row], layout: table.Layout) -> pd.DataFrame:
-    """The frame of `rows` laid out as `layout`: numeric dtypes for the number columns, text made safe."""
+def _frame_of(rows: list[table.Row], include_expected: bool) -> pd.DataFrame:
+    """The frame of `rows`: inputs, output(s), expected, score, named scores, feedback, failure, the measured run
+    and what score printed; numeric dtypes for the number columns, text made safe. A column name already taken
+    gets its group's prefix: input.NAME, scores.NAME; several output fields are output.NAME each."""
     import pandas as pd
 
-    safe = [{name: safe_text.valid_utf8(secrets.redact(value)) if isinstance(value, str) else value
-             for name, value in table.values(row, layout).items()} for row in rows]
-    frame = pd.DataFrame.from_records(safe, columns=layout.columns)
-    for column in ["score", *layout.scores.values(), *(("run_ms", "cost_usd") if layout.measured else ())]:
+    output = _outputs([row.output for row in rows])
+    expected = pd.DataFrame([row.expected or {} for row in rows] if include_expected else [{}] * len(rows))
+    expected = expected.add_prefix("expected.")
+    taken = {*table.FIXED, *output.columns, *expected.columns}
+    scores = _named(pd.DataFrame([row.scores for row in rows]), taken, "scores")
+    inputs = _named(pd.DataFrame([row.inputs for row in rows]), taken, "input")
+    rest = _rest(rows)
+    parts = [inputs, output, expected, pd.DataFrame({"score": [row.score for row in rows]}), scores, rest]
+    frame = pd.concat(parts, axis=1).map(
+        lambda value: safe_text.valid_utf8(secrets.redact(value)) if isinstance(value, str) else value)
+    measured = "run_ms" in rest
+    for column in ["score", *scores.columns, *(("run_ms", "cost_usd") if measured else ())]:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    if layout.measured:
+    if measured:
         frame["model_calls"] = pd.to_numeric(frame["model_calls"], errors="coerce").astype("Int64")
     frame[["feedback", "failure"]] = frame[["feedback", "failure"]].astype(str)
-    frame.attrs["skynet"] = {group: list(getattr(layout, group).values())
-                             for group in ("inputs", "outputs", "expected", "scores")}
+    frame.attrs["skynet"] = {group: list(part.columns) for group, part in
+                             (("inputs", inputs), ("outputs", output), ("expected", expected), ("scores", scores))}
     return frame
+
+
+def _outputs(outputs: list[Any]) -> pd.DataFrame:
+    """One "output" column, or an "output.NAME" column per field when some output has several fields."""
+    import pandas as pd
+
+    if any(isinstance(output, dict) and len(output) > 1 for output in outputs):
+        return pd.DataFrame([out if isinstance(out, dict) else {} for out in outputs]).add_prefix("output.")
+    return pd.DataFrame({"output": outputs})
+
+
+def _rest(rows: list[table.Row]) -> pd.DataFrame:
+    """feedback and failure; the measured run's columns when some run was measured; "printed" when score printed."""
+    import pandas as pd
+
+    runs = [row.observation if row.observation is not None and row.observation.measured else None for row in rows]
+    rest: dict[str, list[Any]] = {"feedback": [row.feedback for row in rows], "failure": [row.failure for row in rows]}
+    if any(runs):
+        rest |= {name: [getattr(run, name) if run else None for run in runs] for name in table.MEASURED}
+    if any(row.printed for row in rows):
+        rest["printed"] = [row.printed for row in rows]
+    return pd.DataFrame(rest)
+
+
+def _named(part: pd.DataFrame, taken: set[str], prefix: str) -> pd.DataFrame:
+    part.columns = list(table.named(part.columns, taken, prefix).values())
+    return part
 
 
 def results_style(frame: pd.DataFrame) -> Styler:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from typing import TYPE_CHECKING, Any
 
 from .._core import safe_text
@@ -100,18 +99,11 @@ def _log_evaluation(mlflow: Any, evaluation: Any, run_id: str, include_expected:
     failures = table.failure_counts(rows)
     metrics = {"examples": float(len(rows)), "failures": float(sum(failures.values())), **table.score_means(rows)}
     metrics |= {f"failures/{kind}": float(count) for kind, count in failures.items()}
-    return metrics | _run_metrics([row.observation for row in rows])
-
-
-def _run_metrics(observations: list[Any]) -> dict[str, float]:
-    """The measured runs' mean time, model calls and total cost (when every one is known)."""
-    runs = [run for run in observations if run is not None and run.measured]
-    if not runs:
-        return {}
-    metrics = {"run_ms": statistics.fmean(run.run_ms or 0.0 for run in runs),
-               "model_calls": float(sum(run.model_calls or 0 for run in runs))}
-    if all(run.cost_usd is not None for run in runs):
-        metrics["cost_usd"] = math.fsum(run.cost_usd or 0.0 for run in runs)
+    if "run_ms" in frame:  # the measured runs' mean time, model calls and total cost (when every one is known)
+        runs = frame[frame["run_ms"].notna()]
+        metrics |= {"run_ms": runs["run_ms"].mean(), "model_calls": float(runs["model_calls"].sum())}
+        if runs["cost_usd"].notna().all():
+            metrics["cost_usd"] = runs["cost_usd"].sum()
     return metrics
 
 

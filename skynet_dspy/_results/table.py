@@ -1,5 +1,5 @@
-"""One row per scored example in plain values, and the column layout every results table shares (a taken name
-gets its group's prefix: input.NAME, scores.NAME)."""
+"""One row per scored example in plain values (frame.py lays them out as columns), and their score means and
+failure counts."""
 
 from __future__ import annotations
 
@@ -29,29 +29,8 @@ class Row:
     feedback: str
     scores: dict[str, float] = field(default_factory=dict)
     failure: str = ""  # "" when the call worked; else a Failure kind, or "program_error"
-    detail: str | None = None  # the failure's full message (the user's only; never an optimizer's)
     observation: Observation | None = None
     printed: str | None = None  # what score wrote to stdout/stderr during the call (its first few kB)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Column names for a set of rows: input field → column, named score → column, output fields."""
-
-    inputs: dict[str, str]
-    outputs: dict[str, str]  # output field → column ("output" alone when the output is one value)
-    expected: dict[str, str]
-    scores: dict[str, str]
-    measured: bool
-    printed: bool = False  # some call printed: a "printed" column
-
-    @property
-    def columns(self) -> list[str]:
-        """Every column, in table order: inputs, output(s), expected, score, named scores, feedback, failure, run."""
-        return [
-            *self.inputs.values(), *self.outputs.values(), *self.expected.values(), "score", *self.scores.values(),
-            "feedback", "failure", *(MEASURED if self.measured else ()), *(("printed",) if self.printed else ()),
-        ]
 
 
 def row_of(example: Any, prediction: Any, score: Any) -> Row:
@@ -78,7 +57,7 @@ def row_of_result(inputs: dict[str, Any], output: Any, expected: dict[str, Any] 
     """The Row of one metric call on plain values."""
     return Row(
         inputs, output, expected, float(result.score), result.feedback, dict(result.scores or {}),
-        str(result.failure) if result.failure is not None else "", result.detail, result.observation, result.output,
+        str(result.failure) if result.failure is not None else "", result.observation, result.output,
     )
 
 
@@ -101,29 +80,6 @@ def rows_of(evaluation: Any) -> list[Row]:
     return rows
 
 
-def layout(rows: Sequence[Row], include_expected: bool = False) -> Layout:
-    """The columns for `rows`: fixed ones first, then named scores, then inputs; a taken name gets a prefix."""
-    taken: set[str] = set(FIXED)
-    outputs = _output_columns(rows)
-    taken |= set(outputs.values())
-    expected: dict[str, str] = {}
-    if include_expected:
-        expected = {name: f"expected.{name}" for name in _union((row.expected or {}).keys() for row in rows)}
-        taken |= set(expected.values())
-    scores = named(_union(row.scores.keys() for row in rows), taken, "scores")
-    inputs = named(_union(row.inputs.keys() for row in rows), taken, "input")
-    measured = any(row.observation is not None and row.observation.measured for row in rows)
-    return Layout(inputs, outputs, expected, scores, measured, any(row.printed for row in rows))
-
-
-def _output_columns(rows: Sequence[Row]) -> dict[str, str]:
-    """field → column: "output" alone, or "output.NAME" per field when some output has several fields."""
-    dicts = [row.output for row in rows if isinstance(row.output, dict) and row.output]
-    if not any(len(output) > 1 for output in dicts):
-        return {"": "output"}
-    return {name: f"output.{name}" for name in _union(output.keys() for output in dicts)}
-
-
 def named(names: Iterable[str], taken: set[str], prefix: str) -> dict[str, str]:
     """name → column for each name, prefixed `prefix.` when the bare name is taken; adds the columns to `taken`."""
     columns = {}
@@ -134,27 +90,6 @@ def named(names: Iterable[str], taken: set[str], prefix: str) -> dict[str, str]:
         columns[name] = column
         taken.add(column)
     return columns
-
-
-def values(row: Row, columns: Layout) -> dict[str, Any]:
-    """One row's cells, keyed by column (a missing named score or field is None)."""
-    cells: dict[str, Any] = {column: row.inputs.get(name) for name, column in columns.inputs.items()}
-    if "" in columns.outputs:
-        cells["output"] = row.output
-    else:
-        output = row.output if isinstance(row.output, dict) else {}
-        cells.update({column: output.get(name) for name, column in columns.outputs.items()})
-    cells.update({column: (row.expected or {}).get(name) for name, column in columns.expected.items()})
-    cells["score"] = row.score
-    cells.update({column: row.scores.get(name) for name, column in columns.scores.items()})
-    cells["feedback"] = row.feedback
-    cells["failure"] = row.failure
-    if columns.measured:
-        run = row.observation if row.observation is not None and row.observation.measured else None
-        cells.update({name: getattr(run, name) if run else None for name in MEASURED})
-    if columns.printed:
-        cells["printed"] = row.printed
-    return cells
 
 
 def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:

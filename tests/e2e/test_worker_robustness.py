@@ -211,11 +211,12 @@ def test_what_score_prints_is_in_the_result_the_log_and_the_results_table(tmp_pa
         assert "more bytes of output not kept" in result.output and len(result.output) < 5_000
     logged = [record for record in caplog.records if "hello from score" in record.getMessage()]
     assert [record.levelno for record in logged] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
-    from skynet_dspy._results.table import layout, row_of_result, values
+    import dspy
 
-    rows = [row_of_result({"i": i}, "x", None, result) for i, result in enumerate(results)]
-    cells = values(rows[1], layout(rows))
-    assert cells["printed"].startswith("hello from score 1")
+    example, prediction = dspy.Example(i=1).with_inputs("i"), dspy.Prediction(answer="x")
+    with skynet_dspy.load_metric(path, timeout=20) as metric:
+        frame = skynet_dspy.results_frame([(example, prediction, metric(example, prediction))])
+    assert frame["printed"][0].startswith("hello from score 1")
 
 
 @pytest.mark.parametrize("start", ["template", "fresh"])

@@ -124,6 +124,10 @@ class OptimizationReport:
             for c in self.candidates
         ]
 
+    def _named_text(self, arrow: str) -> str:
+        return f"Named scores, seed {arrow} best: " + ", ".join(
+            f"{name} {_number(seed)} {arrow} {_number(best)}" for name, (seed, best) in self.named_scores.items())
+
     def __str__(self) -> str:
         lines = [f"{self.source} run: {len(self.candidates)} candidate(s)"
                  + (f", {self.total_metric_calls} metric calls" if self.total_metric_calls is not None else "")]
@@ -132,8 +136,7 @@ class OptimizationReport:
         lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                   for row in table]
         if self.named_scores:
-            lines.append("Named scores, seed -> best: " + ", ".join(
-                f"{name} {_number(seed)} -> {_number(best)}" for name, (seed, best) in self.named_scores.items()))
+            lines.append(self._named_text("->"))
         best = self.best_candidate
         if best is not None:
             difference = self.diff()
@@ -149,10 +152,25 @@ class OptimizationReport:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        """The text report, its diff lines in colour (no other line starts with + or -), then the plot."""
-        text = "\n".join(f"<span style='color:{_DIFF_COLOURS[line[0]]}'>{for_html(line)}</span>"
-                         if line[:1] in _DIFF_COLOURS else for_html(line) for line in str(self).splitlines())
-        return f"<div><pre>{text}</pre>{self._plot_html()}</div>"
+        head, *rows = self._table()
+        body = "".join(
+            f"<tr style='{'font-weight:bold;background:#dafbe1' if row[0].endswith(' best') else ''}'>"
+            + "".join(f"<td>{for_html(cell.removesuffix(' best'))}</td>" for cell in row) + "</tr>"
+            for row in rows
+        )
+        parts = [f"<div><b>{for_html(self.source)} run</b>: {len(self.candidates)} candidate(s)",
+                 f"<table><tr>{''.join(f'<th>{for_html(text)}</th>' for text in head)}</tr>{body}</table>"]
+        if self.named_scores:
+            parts.append(f"<p>{for_html(self._named_text('→'))}</p>")
+        difference = self.diff()
+        if difference:
+            parts.append("<pre style='text-align:left'>" + "".join(_diff_line(line) for line in difference.splitlines())
+                         + "</pre>")
+        parts.append(self._plot_html())
+        if self.receipt is not None:
+            parts.append(self.receipt._repr_html_())
+        parts += [f"<p style='color:#6e7781'>note: {for_html(note)}</p>" for note in self.notes]
+        return safe_text.valid_utf8(secrets.redact("".join(parts) + "</div>"))  # the receipt's parts too
 
     def _plot_html(self) -> str:
         import base64
@@ -160,7 +178,7 @@ class OptimizationReport:
 
         try:
             figure = self.plot()
-        except ImportError:  # no matplotlib: the text alone
+        except ImportError:  # no matplotlib: the tables alone
             return ""
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
@@ -181,11 +199,13 @@ class OptimizationReport:
         return plain
 
 
-_DIFF_COLOURS = {"+": "#1a7f37", "-": "#cf222e"}
-
-
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _diff_line(line: str) -> str:
+    color = "#1a7f37" if line.startswith("+") else "#cf222e" if line.startswith("-") else "#6e7781"
+    return f"<span style='color:{color}'>{for_html(line)}</span>\n"
 
 
 def _draw(axes: Any, report: Any) -> None:

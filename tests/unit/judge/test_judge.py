@@ -176,7 +176,7 @@ def test_no_model_set_is_a_clear_error_at_the_first_llm_call(metrics_dir, caplog
 
     from skynet import llm
 
-    with pytest.raises(skynet_dspy.ModelNotConfigured, match=r"load_metric\(\.\.\.\).*configure_llm\(metric_lm="):
+    with pytest.raises(skynet_dspy.ModelNotConfigured, match=r"load_metric\(\.\.\.,? .*configure_llm\(metric_lm="):
         llm("Judge this.", input="anything")
 
 

@@ -228,10 +228,8 @@ class ProcessExecutor:
             while not worker.healthy():  # it exited (an earlier call, its template killed) or spoke out of turn
                 self._discard(worker)
                 worker = self._acquire()
-        except (MetricLoadError, FileNotFoundError) as exc:  # starting a worker is never the call's failure
-            return Outcome(failure=Failure.LOAD, detail=str(exc))
-        except WorkerError as exc:
-            return Outcome(failure=Failure.LOAD if not self._closed else Failure.CRASHED, detail=str(exc))
+        except (MetricLoadError, FileNotFoundError, WorkerError) as exc:  # a worker's start is never the call's failure
+            return Outcome(failure=Failure.CRASHED if self._closed else Failure.LOAD, detail=str(exc))
         call_id = next(self._call_ids)
         try:
             data = wire.to_worker(("call", call_id, request.args()))

@@ -30,7 +30,7 @@ from ..errors import MetricLoadError, WorkerError
 from ..logs import logger
 from ..secrets import credential_free_environment
 from ..types import Item, MetricInfo
-from . import tree, wire
+from . import tree, wire, worker
 from .handle import PARENT_VARIABLE, REQUEST_TIMEOUT, STARTUP_TIMEOUT, Gone, Output, exit_text
 
 if TYPE_CHECKING:
@@ -265,8 +265,6 @@ class Template:
 
 def main() -> None:
     """Entry point of the template process: serve the user's process on the socket given as the first argument."""
-    from . import worker
-
     worker.prepare()
     control = socket.socket(fileno=int(sys.argv[1]))
     conn = Connection(os.dup(control.fileno()))
@@ -351,8 +349,6 @@ def _run_child_hooks() -> None:
 def _fork(serve: Callable[[], None]) -> dict[str, Any]:
     """Fork a worker that runs `serve`; the reply: its pid, or why the kernel refused (EAGAIN, ENOMEM: this start
     fails, the pool goes on)."""
-    from . import worker
-
     template = _getpid()
     try:
         pid = _fork_process()
@@ -371,8 +367,6 @@ def _fork(serve: Callable[[], None]) -> dict[str, Any]:
 
 def _serve(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: list[int]) -> None:
     """Become a worker serving the socket fds[0], its output going to fds[1]; never returns."""
-    from . import worker
-
     try:
         for fd in control:
             _close(fd)

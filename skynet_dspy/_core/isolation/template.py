@@ -43,8 +43,8 @@ PATH_VARIABLE = "SKYNET_DSPY_PATH"  # the user's import path entries a worker ap
 THREAD_CAPS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
 # Taken before the metric loads, which may replace what the os module holds.
-_getpid, _getppid, _fork_process, _setsid, _close, _exit, _dup2 = (
-    os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit, os.dup2)
+_getpid, _getppid, _fork_process, _setsid, _close, _exit = (
+    os.getpid, os.getppid, os.fork, os.setsid, os.close, os._exit)
 # Started with -P (no current directory or script folder first): the user's import path goes after the standard
 # library and site-packages, never ahead of them.
 _TEMPLATE_CODE = (
@@ -288,9 +288,9 @@ def main() -> None:
             gc.freeze()  # the collector then never writes to what the import made: those pages stay shared
         elif kind == "serve" and can_start:  # unsafe to fork: become the worker
             conn.send_bytes(wire.to_parent({"kind": "forked", "pid": _getpid()}))
-            _serve(fds, message["token"], loaded, feedback_limit, ours)
+            worker.run(fds, message["token"], loaded, feedback_limit, ours)
         elif kind == "fork" and can_start:
-            reply = _fork(partial(_serve, fds, message["token"], loaded, feedback_limit, ours))
+            reply = _fork(partial(worker.run, fds, message["token"], loaded, feedback_limit, ours))
         elif kind == "reap":  # only ever a worker forked here (the user's process reaps each once)
             reply = {"kind": "reaped", "status": _reap(message["pid"])}
         else:
@@ -361,21 +361,6 @@ def _fork(serve: Callable[[], None]) -> dict[str, Any]:
         worker.die_with(template)
         _run_child_hooks()
         serve()
-    finally:
-        _exit(1)
-
-
-def _serve(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: list[int]) -> None:
-    """Become a worker serving the socket fds[0], its output going to fds[1]; never returns."""
-    try:
-        for fd in control:
-            _close(fd)
-        _dup2(fds[1], 1)
-        _dup2(fds[1], 2)
-        _close(fds[1])
-        os.environ[tree.MARK] = token  # what it starts carries its own mark (tree.py)
-        sys.argv[1:] = [str(fds[0])]  # the argument names the worker's socket
-        worker.run(fds[0], loaded, feedback_limit)
     finally:
         _exit(1)
 

@@ -30,7 +30,7 @@ from .handle import MEMORY_VARIABLE, PARENT_VARIABLE
 
 _worker_pid = os.getpid()
 # Taken before the metric loads, which may replace what the os module holds.
-_exit, _getppid = os._exit, os.getppid
+_exit, _getppid, _close, _dup2 = os._exit, os.getppid, os.close, os.dup2
 _libc = ctypes.CDLL(None)
 _forked = threading.Event()  # set when score calls os.fork() during the call in progress
 
@@ -197,14 +197,23 @@ def prepare() -> None:
     register_skynet()
 
 
-def run(fd: int, loaded: LoadedMetric, feedback_limit: int) -> None:
-    """Serve the connection `fd` with the metric `loaded` until it closes, then exit."""
+def run(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: list[int]) -> None:
+    """Become a worker (a fork of the template, or the template itself): serve the socket fds[0] with the metric
+    `loaded` until it closes, its output going to fds[1], the template's `control` descriptors closed; never
+    returns."""
     global _worker_pid
     _worker_pid = os.getpid()
-    conn = Connection(fd)
-    conn.send_bytes(wire.to_parent({"kind": "ready", "pid": os.getpid()}))
     try:
+        for fd in control:
+            _close(fd)
+        _dup2(fds[1], 1)
+        _dup2(fds[1], 2)
+        _close(fds[1])
+        os.environ[tree.MARK] = token  # what it starts carries its own mark (tree.py)
+        sys.argv[1:] = [str(fds[0])]  # the argument names the worker's socket
+        conn = Connection(fds[0])
+        conn.send_bytes(wire.to_parent({"kind": "ready"}))
         _serve(conn, loaded, feedback_limit)
     finally:
-        tree.kill_descendants(os.getpid(), os.environ.get(tree.MARK))  # the metric's processes end with the worker
-        os._exit(0)  # no atexit handlers, no flushing of what a forked metric left behind
+        tree.kill_descendants(os.getpid(), token)  # the metric's processes end with the worker
+        _exit(0)  # no atexit handlers, no flushing of what a forked metric left behind

@@ -214,7 +214,13 @@ class WorkerProcess:
                 self._signal()
                 self._exited(STARTUP_TIMEOUT / 10)
                 self.returncode = template.reap(self._inner_pid)
-            self._close()
+            with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
+                with suppress(OSError):
+                    self.conn.close()
+                fds, self.output.fd, self._pidfd, self._stat = (self.output.fd, self._pidfd, self._stat), -1, -1, -1
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
 
     def _signal(self) -> None:
         for kill in (os.killpg, os.kill):  # its process group: what it forked
@@ -227,16 +233,6 @@ class WorkerProcess:
             return bool(select.select([self._pidfd], [], [], seconds)[0])
         except (OSError, ValueError):
             return True
-
-    def _close(self) -> None:
-        with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
-            with suppress(OSError):
-                self.conn.close()
-            # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
-            fds, self.output.fd, self._pidfd, self._stat = (self.output.fd, self._pidfd, self._stat), -1, -1, -1
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
 
 
 def private_memory(pid: int) -> int | None:

@@ -156,24 +156,20 @@ def folders_of(source: Any) -> tuple[str, ...]:
 
 
 def _readable(extra: Iterable[str]) -> list[str]:
-    """What a worker may read besides the system (_candidates): only what exists, each once (not under another)."""
-    homes = _homes()
-    found: list[str] = []
-    for path in sorted({os.path.abspath(path) for path in _candidates(extra) if path}, key=len):
-        if os.path.exists(path) and not any(_under(path, kept) for kept in found) and _mountable(path, homes):
-            found.append(path)
-    return found
-
-
-def _candidates(extra: Iterable[str]) -> list[str]:
-    """Every folder a worker may need to read: the interpreter's, the import path's, this package's, `extra`."""
+    """What a worker may read besides the system: the interpreter's folders, the import path's, this package's and
+    `extra`, only what exists, each once (not under another)."""
     candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                   os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(sys.executable)]
     candidates += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     candidates += [entry or os.getcwd() for entry in sys.path]
     candidates += list(extra)
     candidates.append(str(Path(__file__).resolve().parents[2]))  # this package, wherever it is (an editable install)
-    return candidates
+    homes = _homes()
+    found: list[str] = []
+    for path in sorted({os.path.abspath(path) for path in candidates if path}, key=len):
+        if os.path.exists(path) and not any(_under(path, kept) for kept in found) and _mountable(path, homes):
+            found.append(path)
+    return found
 
 
 def _mountable(path: str, homes: set[str]) -> bool:

@@ -154,7 +154,7 @@ class Template:
         if not ready:
             self.kill()
             printed = self.printed()
-            self._close()
+            self.close()
             if launcher is not None:
                 raise launcher.start_error(printed)
             raise WorkerError(f"the metric's template process did not start ({sys.executable}): {printed}")
@@ -252,9 +252,6 @@ class Template:
     def close(self) -> None:
         """Kill the template (it runs no call: nothing is lost) and close our ends."""
         self.kill()
-        self._close()
-
-    def _close(self) -> None:
         self._conn.close()
         self._sock.close()
         self._output.close()

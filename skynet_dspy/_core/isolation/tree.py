@@ -13,20 +13,16 @@ MARK = "SKYNET_DSPY_WORKER"  # the environment variable naming the worker a proc
 _ROUNDS = 5  # a process killed while forking may leave a fresh child: look again, up to this many times
 
 
-def _stat(pid: int | str) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (state, parent, ...); empty when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            return file.read().rpartition(b")")[2].split()
-    except OSError:
-        return []
-
-
 def _processes() -> dict[int, int]:
-    """Every live (not zombie) process: pid -> parent pid."""
+    """Every live (not zombie) process: pid -> parent pid (from the fields of /proc/PID/stat after the command name:
+    state, parent, ...)."""
     found = {}
-    for entry in os.listdir("/proc"):
-        fields = _stat(entry) if entry.isdigit() else []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                fields = file.read().rpartition(b")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
         if len(fields) > 1 and fields[0] != b"Z":
             found[int(entry)] = int(fields[1])
     return found

@@ -68,7 +68,7 @@ class _PooledThread:
                 return
 
     def _hand_back(self) -> bool:
-        """Give the result to the waiting caller, or, when it gave up, rejoin the pool on our own."""
+        """Give the result to the caller, or (it gave up) rejoin the pool; apart, so no idle frame holds the runner."""
         runner = self.runner
         assert runner is not None
         with runner._lock:

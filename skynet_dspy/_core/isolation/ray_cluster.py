@@ -219,8 +219,7 @@ class RayExecutor:
         self._refresh_later()
         host = self._free_host()
         if host is None and not self._closed:
-            with contextlib.suppress(Exception):
-                self._place()  # every host was lost: place new ones on the nodes still alive
+            self._refresh()  # every host was lost: place new ones on the nodes still alive
             host = self._free_host()
         return host
 
@@ -238,7 +237,6 @@ class RayExecutor:
     def _drop(self, host: _Host, lost: bool = False) -> None:
         """No more calls go to this host (its calls in flight fail); a lost one is replaced at the next call."""
         with self._cond:
-            host.ready = False
             if host in self._hosts:
                 self._hosts.remove(host)
             self._cond.notify_all()

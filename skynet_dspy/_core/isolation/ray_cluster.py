@@ -342,9 +342,7 @@ class RayExecutor:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            end = time.monotonic() + _STOP_WAIT
-            while self._busy and time.monotonic() < end:  # calls in flight see their host die, and stop calling Ray
-                self._cond.wait(0.1)
+            self._cond.wait_for(lambda: not self._busy, _STOP_WAIT)  # calls in flight see their host die, and end
         session.release(self._ray)
 
     def host_pids(self) -> list[dict[str, Any]]:

@@ -219,8 +219,7 @@ class RayExecutor:
         self._refresh_later()
         host = self._free_host()
         if host is None and not self._closed:
-            with contextlib.suppress(Exception):
-                self._place()  # every host was lost: place new ones on the nodes still alive
+            self._refresh()  # every host was lost: place new ones on the nodes still alive
             host = self._free_host()
         return host
 
@@ -238,7 +237,6 @@ class RayExecutor:
     def _drop(self, host: _Host, lost: bool = False) -> None:
         """No more calls go to this host (its calls in flight fail); a lost one is replaced at the next call."""
         with self._cond:
-            host.ready = False
             if host in self._hosts:
                 self._hosts.remove(host)
             self._cond.notify_all()
@@ -344,9 +342,7 @@ class RayExecutor:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            end = time.monotonic() + _STOP_WAIT
-            while self._busy and time.monotonic() < end:  # calls in flight see their host die, and stop calling Ray
-                self._cond.wait(0.1)
+            self._cond.wait_for(lambda: not self._busy, _STOP_WAIT)  # calls in flight see their host die, and end
         session.release(self._ray)
 
     def host_pids(self) -> list[dict[str, Any]]:

@@ -21,9 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
 
 from ..errors import WorkerError, require_extra
 from ..logs import logger
@@ -69,6 +67,8 @@ class _Session:
             return require_extra("ray", "ray", "isolation='ray'")
 
     def _connect(self, address: str | None) -> None:
+        from unittest import mock  # here: not on the import path of the package
+
         if address is None and importlib.util.find_spec("ray") is not None:
             address = _running_local_ray()
             if address is None:
@@ -79,7 +79,8 @@ class _Session:
             if address is None:
                 address = self._local_address()
                 _use_local_token()
-            with _masked_entrypoint(ray):
+            # the job's entrypoint masked; create=True: nothing changes on a Ray without that function
+            with mock.patch.object(ray._private.utils, "get_entrypoint_name", _masked_entrypoint, create=True):
                 ray.init(address=address, configure_logging=False, log_to_driver=False)
         except BaseException:
             self._loud()
@@ -221,20 +222,11 @@ def masked_command_line(arguments: list[str]) -> list[str]:
     return masked
 
 
-@contextlib.contextmanager
-def _masked_entrypoint(ray: ModuleType) -> Iterator[None]:
-    """While ray.init() runs, the command line it records as the job's entrypoint is masked (masked_command_line):
-    through ray._private.utils.get_entrypoint_name (private API of ray, checked against 2.60), if there."""
-    utils: Any = ray._private.utils
-    original = getattr(utils, "get_entrypoint_name", None)
+def _masked_entrypoint() -> str:
+    """The command line ray.init() records as the job's entrypoint, as ray._private.utils.get_entrypoint_name gives
+    it (private API of ray, checked against 2.60), with masked_command_line's masks."""
     shell = "(interactive_shell) " if hasattr(sys, "ps1") else ""  # as Ray says it
-    if original is not None:
-        utils.get_entrypoint_name = lambda: shell + subprocess.list2cmdline(masked_command_line(sys.orig_argv))
-    try:
-        yield
-    finally:
-        if original is not None:
-            utils.get_entrypoint_name = original
+    return shell + subprocess.list2cmdline(masked_command_line(sys.orig_argv))
 
 
 session = _Session()

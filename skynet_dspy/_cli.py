@@ -216,7 +216,7 @@ def _score(args: argparse.Namespace) -> int:
     try:
         rows = scoring.RowFile(args.out, kind)
         with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the rows
-            scoring.score_cases(metric, cases, threads=args.threads, progress=progress.advance, on_scored=rows.add)
+            scoring.score_cases(metric, cases, threads=args.threads, progress=progress, on_scored=rows.add)
         rows.finish()
     except KeyboardInterrupt:
         progress.close()

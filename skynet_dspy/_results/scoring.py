@@ -45,9 +45,10 @@ def outputs_of(cases: Sequence[Any], output_fields: Sequence[str] | None) -> lis
     return outputs
 
 
-def score_cases(metric: Any, cases: Sequence[Any], *, threads: int, progress: Callable[[int], None],
+def score_cases(metric: Any, cases: Sequence[Any], *, threads: int, progress: Callable[[int, int], None],
                 on_scored: Callable[[Scored], None]) -> None:
-    """Score every case from `threads` threads; `on_scored` is called on this thread as each call finishes.
+    """Score every case from `threads` threads; `on_scored` is called on this thread as each call finishes, then
+    progress(cases scored, cases).
 
     At most 4 calls per thread are in flight or queued, so a million cases never become a million tasks. A
     KeyboardInterrupt stops at once, not waiting for the calls.
@@ -55,11 +56,9 @@ def score_cases(metric: Any, cases: Sequence[Any], *, threads: int, progress: Ca
     outputs = outputs_of(cases, getattr(metric, "output_fields", None))
 
     def one(index: int) -> Scored:
-        result = metric.score(cases[index].input, outputs[index], cases[index].expected)
-        progress(1)
-        return Scored(index + 1, result)
+        return Scored(index + 1, metric.score(cases[index].input, outputs[index], cases[index].expected))
 
-    indices = iter(range(len(cases)))
+    indices, scored = iter(range(len(cases))), 0
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
     try:
         pending = {pool.submit(one, index) for index in itertools.islice(indices, threads * 4)}
@@ -68,6 +67,8 @@ def score_cases(metric: Any, cases: Sequence[Any], *, threads: int, progress: Ca
             pending |= {pool.submit(one, index) for index in itertools.islice(indices, len(done))}
             for future in sorted(done, key=lambda future: future.result().case):  # a set: in case order
                 on_scored(future.result())
+            scored += len(done)
+            progress(scored, len(cases))
     except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
         pool.shutdown(wait=False, cancel_futures=True)
         raise

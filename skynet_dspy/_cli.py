@@ -216,9 +216,7 @@ def _score(args: argparse.Namespace) -> int:
     try:
         rows = scoring.RowFile(args.out, kind)
         with contextlib.redirect_stdout(sys.stderr):  # what the metric prints must not mix into the rows
-            scored = scoring.score_cases(
-                metric, cases, threads=args.threads, progress=progress.advance, on_scored=rows.add
-            )
+            scoring.score_cases(metric, cases, threads=args.threads, progress=progress, on_scored=rows.add)
         rows.finish()
     except KeyboardInterrupt:
         progress.close()
@@ -237,10 +235,10 @@ def _score(args: argparse.Namespace) -> int:
         metric.close()
         if rows is not None:
             rows.close()
-    summary = scoring.summarize(scored, time.perf_counter() - started)
+    summary = scoring.summarize(rows.rows, time.perf_counter() - started)
     where = f"; rows in {args.out}" if args.out is not None else ""
     print(for_terminal(f"skynet-dspy score: {summary}{where}"), file=sys.stderr)
-    return EXIT_BROKEN if any(item.result.failure is not None for item in scored) else EXIT_OK
+    return EXIT_BROKEN if any(item.result.failure is not None for item in rows.rows) else EXIT_OK
 
 
 def _out_kind(out: Path | None) -> str | None:

@@ -212,9 +212,7 @@ def _run_calls(metric: Any, checked: list[Case], report: ContractReport, progres
                 progress(done, planned)
             if result.failure in STOPPING:
                 break
-        report.cases.append(CaseRun(
-            case.input, case.expected, case.output if case.has_output else perfects[number - 1],
-            runs.get(Role.GIVEN), runs.get(Role.PERFECT), runs.get(Role.CONTRAST),
-        ))
+        output = case.output if case.has_output else perfects[number - 1]
+        report.cases.append(CaseRun(case.input, case.expected, output, runs.get(Role.GIVEN), runs.get(Role.PERFECT)))
         if any(result.failure in STOPPING for result in runs.values()):
             return

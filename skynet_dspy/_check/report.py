@@ -51,15 +51,14 @@ class CheckItem:
 
 @dataclass(frozen=True)
 class CaseRun:
-    """The metric's results on one case: on its given output (`output`, else its expected values), on its
-    expected values as output (`perfect`), and on another case's expected values (`contrast`)."""
+    """The metric's results on one case: on its given output (`output`, else its expected values), and on its
+    expected values as output (`perfect`)."""
 
     input: dict[str, Any]
     expected: dict[str, Any] | None
     output: Any
     result: Result | None
     perfect: Result | None
-    contrast: Result | None = None
 
     @property
     def own(self) -> Result | None:

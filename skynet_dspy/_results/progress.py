@@ -33,13 +33,8 @@ class Progress:
             threading.Thread(target=self._tick, args=(delay, interval), name="skynet-dspy progress",
                              daemon=True).start()
 
-    def advance(self, steps: int = 1) -> None:
-        """Count `steps` more steps done."""
-        with self._lock:
-            self.bar.update(steps)
-
     def update(self, done: int, total: int | None = None) -> None:
-        """Set the steps done (and the total, when it changed); the check's progress(done, planned) callback."""
+        """Set the steps done (and the total, when it changed); the progress(done, planned) callback."""
         with self._lock:
             if total is not None and total != self.bar.total:
                 self.bar.total = total

@@ -5,10 +5,11 @@ rows written as CSV or JSONL, each cell safe for where it goes, and a summary.
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,50 +45,34 @@ def outputs_of(cases: Sequence[Any], output_fields: Sequence[str] | None) -> lis
     return outputs
 
 
-def score_cases(
-    metric: Any,
-    cases: Sequence[Any],
-    *,
-    threads: int = 1,
-    progress: Callable[[int], None] | None = None,
-    on_scored: Callable[[Scored], None] | None = None,
-) -> list[Scored]:
-    """Score every case from `threads` threads; the results in case order.
+def score_cases(metric: Any, cases: Sequence[Any], *, threads: int, progress: Callable[[int, int], None],
+                on_scored: Callable[[Scored], None]) -> None:
+    """Score every case from `threads` threads; `on_scored` is called on this thread as each call finishes, then
+    progress(cases scored, cases).
 
-    `on_scored` is called on this thread as each call finishes; at most 4 calls per thread are queued, so a
-    million cases never become a million tasks. A KeyboardInterrupt stops at once, not waiting for the calls.
+    At most 4 calls per thread are in flight or queued, so a million cases never become a million tasks. A
+    KeyboardInterrupt stops at once, not waiting for the calls.
     """
     outputs = outputs_of(cases, getattr(metric, "output_fields", None))
-    scored: list[Scored] = []
 
     def one(index: int) -> Scored:
-        result = metric.score(cases[index].input, outputs[index], cases[index].expected)
-        if progress is not None:
-            progress(1)
-        return Scored(index + 1, result)
+        return Scored(index + 1, metric.score(cases[index].input, outputs[index], cases[index].expected))
 
-    def finished(futures: set[Future[Scored]]) -> set[Future[Scored]]:
-        done, pending = wait(futures, return_when=FIRST_COMPLETED)
-        for future in sorted(done, key=lambda future: future.result().case):  # a set: in case order (1 thread: all)
-            scored.append(future.result())
-            if on_scored is not None:
-                on_scored(scored[-1])
-        return pending
-
-    pending: set[Future[Scored]] = set()
+    indices, scored = iter(range(len(cases))), 0
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="skynet-dspy score")
     try:
-        for index in range(len(cases)):
-            pending.add(pool.submit(one, index))
-            if len(pending) >= threads * 4:
-                pending = finished(pending)
+        pending = {pool.submit(one, index) for index in itertools.islice(indices, threads * 4)}
         while pending:
-            pending = finished(pending)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            pending |= {pool.submit(one, index) for index in itertools.islice(indices, len(done))}
+            for future in sorted(done, key=lambda future: future.result().case):  # a set: in case order
+                on_scored(future.result())
+            scored += len(done)
+            progress(scored, len(cases))
     except BaseException:  # a Ctrl-C: closing the metric ends the calls in progress
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    return sorted(scored, key=lambda item: item.case)
 
 
 def _csv_row(item: Scored, named: dict[str, str]) -> list[Any]:
@@ -143,9 +128,10 @@ class RowFile:
         self._handle.flush()
 
     def finish(self) -> None:
-        """Rewrite the rows in case order and close the file."""
+        """Put the rows in case order, rewrite the file so, and close it."""
+        self.rows.sort(key=lambda item: item.case)
         if self.path is not None:
-            self._rewrite(sorted(self.rows, key=lambda item: item.case))
+            self._rewrite(self.rows)
         self.close()
 
     def close(self) -> None:

@@ -3,7 +3,6 @@ failure counts."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections import Counter
@@ -97,7 +96,7 @@ def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:
     ("scores/NAME"), failed calls included."""
     named = {
         f"scores/{name}": statistics.fmean(row.scores[name] for row in rows if row.scores and name in row.scores)
-        for name in _union((row.scores or {}).keys() for row in rows)
+        for name in dict.fromkeys(key for row in rows for key in (row.scores or {}))
     }
     return ({"score": statistics.fmean(float(row.score) for row in rows)} if rows else {}) | named
 
@@ -105,10 +104,6 @@ def score_means(rows: Sequence[Row | Result]) -> dict[str, float]:
 def failure_counts(rows: Sequence[Row | Result]) -> dict[str, int]:
     """How many rows (or Results) failed, by failure kind, in order of first appearance."""
     return dict(Counter(str(row.failure) for row in rows if row.failure))
-
-
-def _union(groups: Iterable[Iterable[str]]) -> list[str]:
-    return list(dict.fromkeys(itertools.chain.from_iterable(groups)))
 
 
 def _number(value: Any) -> float:

@@ -24,8 +24,8 @@ def _wait_for(stream: io.StringIO, text: str) -> str:
 def test_the_bar_shows_steps_done_of_the_total_and_is_cleared_when_closed():
     stream = Terminal()
     with Progress("skynet-dspy score", 10, unit="cases", stream=stream, delay=0, interval=0.01) as progress:
-        for _ in range(4):
-            progress.advance()
+        for done in range(1, 5):
+            progress.update(done)
         shown = _wait_for(stream, "4/10")
     assert "skynet-dspy score:  40%|####" in shown and "cases/s" in shown
     assert stream.getvalue().endswith("\r")  # the last write blanks the line and returns to its start
@@ -44,12 +44,12 @@ def test_the_clock_moves_while_one_slow_call_runs():
 def test_nothing_is_drawn_off_a_terminal_or_before_the_delay():
     piped = io.StringIO()
     with Progress("x", 5, stream=piped, delay=0, interval=0.01) as progress:
-        progress.advance(5)
+        progress.update(5)
         time.sleep(0.05)
     assert piped.getvalue() == ""
     terminal = Terminal()
     with Progress("x", 5, stream=terminal, delay=60, interval=0.01) as progress:
-        progress.advance(5)
+        progress.update(5)
         time.sleep(0.05)
     assert terminal.getvalue() == ""
 
@@ -57,7 +57,7 @@ def test_nothing_is_drawn_off_a_terminal_or_before_the_delay():
 def test_a_label_is_shown_as_text_never_as_control_sequences():
     stream = Terminal()
     with Progress("evil\x1b]0;title\x07", 2, stream=stream, delay=0, interval=0.01) as progress:
-        progress.advance()
+        progress.update(1)
         shown = _wait_for(stream, "1/2")
     assert "\x1b" not in shown and "\x07" not in shown
 
@@ -72,7 +72,7 @@ def test_in_a_jupyter_kernel_the_bar_is_a_widget():
         "from tqdm.notebook import tqdm as widget\n"
         "from skynet_dspy._results.progress import Progress\n"
         "with Progress('skynet-dspy check', 3, unit='calls', delay=0) as progress:\n"
-        "    progress.advance(3)\n"
+        "    progress.update(3)\n"
         "    print(isinstance(progress.bar, widget), progress.bar.disable)\n"
     ))
     NotebookClient(notebook, km=KernelManager(kernel_name="python3"), timeout=120).execute()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core import context
-from .._core.types import Observation
+from .._core.types import Observation, Usage
 from .._core.values import COMPLETION_TOKENS, PROMPT_TOKENS, token_count
 from .._judge import response_usage
 from .._judge.spend import SpendCap
@@ -64,22 +64,6 @@ def program_caps(cap: SpendCap | None) -> Iterator[None]:
         yield
 
 
-@dataclass(slots=True)
-class _Tally:
-    """Model calls, their tokens, and the cost of those priced."""
-
-    calls: int = 0
-    prompt: int = 0
-    completion: int = 0
-    cost: float = 0.0
-
-    def add(self, figures: CallFigures) -> None:
-        self.calls += figures.calls
-        self.prompt += figures.prompt_tokens
-        self.completion += figures.completion_tokens
-        self.cost += figures.cost_usd or 0.0
-
-
 class _Run:
     """Figures of one run, added to from every thread it uses. Its time is the program's own work plus its model
     calls' latencies, each as first made (a cache hit replays it: replay.py), steadied by kind (steady.py)."""
@@ -95,8 +79,8 @@ class _Run:
         self.program = program  # what ran, whose own work keeps its anchor
         self.caps = _scoped_caps()
         self.lock = threading.Lock()
-        self.total = _Tally()
-        self.cached = _Tally()  # of the total, the calls answered from a cache
+        self.total = Usage()  # model calls, tokens, and the cost of those priced
+        self.cached = Usage()  # of the total, the calls answered from a cache
         self.unpriced: list[str] = []
         self.spans: list[tuple[float, float]] = []  # (start, end) of each model call, perf_counter seconds
         self.kinds: list[tuple[Any, float]] = []  # each call's kind and latency as first made
@@ -104,12 +88,13 @@ class _Run:
     def add(self, figures: CallFigures, span: tuple[float, float], cached: bool, model: str) -> None:
         kind = _kind(model, figures)
         anchors.steady(kind, figures.latency_ms, started=span[0])  # taken into the kind's first times
+        used = Usage(figures.calls, figures.prompt_tokens, figures.completion_tokens, figures.cost_usd or 0.0)
         with self.lock:
             self.kinds.append((kind, figures.latency_ms))
             self.spans.append(span)
-            self.total.add(figures)
+            self.total += used
             if cached:
-                self.cached.add(figures)
+                self.cached += used
             if figures.cost_usd is None:
                 reason = figures.unpriced or "a model call reported no cost"
                 if reason not in self.unpriced:
@@ -131,15 +116,15 @@ class _Run:
             total, cached = self.total, self.cached
             return Observation(
                 run_ms=own_ms + model_ms,
-                cost_usd=None if self.unpriced else total.cost,
+                cost_usd=None if self.unpriced else total.cost_usd,
                 model_calls=total.calls,
-                prompt_tokens=total.prompt,
-                completion_tokens=total.completion,
+                prompt_tokens=total.prompt_tokens,
+                completion_tokens=total.completion_tokens,
                 cost_unknown_reason="; ".join(self.unpriced) or None,
                 cached_calls=cached.calls,
-                cached_prompt_tokens=cached.prompt,
-                cached_completion_tokens=cached.completion,
-                cached_cost_usd=cached.cost,
+                cached_prompt_tokens=cached.prompt_tokens,
+                cached_completion_tokens=cached.completion_tokens,
+                cached_cost_usd=cached.cost_usd or 0.0,
             )
 
 
@@ -172,9 +157,14 @@ def _covered(spans: list[tuple[float, float]], start: float, end: float) -> floa
     return total
 
 
-_run: ContextVar[_Run | None] = ContextVar("skynet_measured_run", default=None)
-# True inside a model call already counted: the LiteLLM calls DSPy makes underneath are the same call.
-_counting: ContextVar[bool] = ContextVar("skynet_counting_model_call", default=False)
+_run: ContextVar[_Run | None] = ContextVar("skynet_measured_run", default=None)  # measure()'s
+
+
+def _current() -> _Run | None:
+    """The run in progress here: measure()'s, or the module run DSPy's context carries (into DSPy's threads too)."""
+    import dspy
+
+    return _run.get() or dspy.settings.get(_RUN_KEY)
 
 
 def measure(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Observation]:
@@ -213,29 +203,20 @@ def _around(enter: _Around, original: Callable[..., Any], asynchronous: bool) ->
 @contextmanager
 def _module_run(args: tuple[Any, ...], kwargs: dict[str, Any], asynchronous: bool) -> Iterator[Callable[[Any], Any]]:
     """Around a module call (`args[0]` the module): yields done(outputs), which files the run the call started (when
-    it is the outermost one, not the judge's, not joining a run DSPy carried into its thread) and returns them."""
+    it is the outermost one, not the judge's, and no run is in progress) and returns them."""
     import dspy
 
-    run = token = None
-    if not context.is_judging() and _run.get() is None:
-        joined = dspy.settings.get(_RUN_KEY)  # a module call in a thread DSPy started for a run
-        if isinstance(joined, _Run):
-            token = _run.set(joined)
-        elif not hooks.inside_a_module():
-            run = _Run(_program_key(args[0]))
-            token = _run.set(run)
+    run = None
+    if not context.is_judging() and _current() is None and not hooks.inside_a_module():
+        run = _Run(_program_key(args[0]))
 
     def done(outputs: Any) -> Any:
         if run is not None:
             _file(outputs, run.finish())
         return outputs
 
-    try:
-        with dspy.context(**{_RUN_KEY: run}) if run is not None else nullcontext():
-            yield done
-    finally:
-        if token is not None:
-            _run.reset(token)
+    with dspy.context(**{_RUN_KEY: run}) if run is not None else nullcontext():
+        yield done
 
 
 def _program_key(program: Any) -> str:
@@ -377,8 +358,9 @@ def _count_litellm_response(run: _Run, response: Any, call: _Call) -> None:
     _add(run, call, figures, hooks.litellm_cache_hit(response), served, _litellm_key(args, kwargs))
 
 
-# The seconds DSPy's cache and pricing steps took inside the call being counted (a list, shared with the thread
-# asyncio.to_thread prices in, which gets a copy of this context).
+# Inside a model call being counted: the seconds DSPy's cache and pricing steps took in it (a list, shared with the
+# thread asyncio.to_thread prices in, which gets a copy of this context); None outside one. The LiteLLM calls DSPy
+# makes underneath a counted call are the same call.
 _pricing: ContextVar[list[float] | None] = ContextVar("skynet_pricing_seconds", default=None)
 
 
@@ -403,7 +385,7 @@ _Count = Callable[[_Run, Any, _Call], None]
 def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> Iterator[Callable[[Any], Any]]:
     """Around a model call: yields done(result), and the result is counted to the run in progress, once (not the
     calls underneath), checked against the run's caps first, timed by itself (DSPy's pricing left out)."""
-    run = None if _counting.get() or context.is_judging() else _run.get()
+    run = None if _pricing.get() is not None or context.is_judging() else _current()
     if run is None:
         yield _as_is
         return
@@ -416,12 +398,11 @@ def _counted_call(count: _Count, args: Any, kwargs: Any, asynchronous: bool) -> 
         return result
 
     spent = [0.0]
-    counting, pricing = _counting.set(True), _pricing.set(spent)
+    pricing = _pricing.set(spent)
     cpu, started, collected = clocks.cpu(), time.perf_counter(), clocks.collected
     try:
         yield done
     finally:
-        _counting.reset(counting)
         _pricing.reset(pricing)
         if not asynchronous and threading.get_ident() == run.thread:
             with run.lock:

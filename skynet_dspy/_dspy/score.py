@@ -12,6 +12,16 @@ from .._core.types import Result
 from . import hooks
 
 
+class _NoOutput:
+    """The metric was given no output (the prediction could not be read): a Score's `has_output` is False."""
+
+    def __reduce__(self) -> str:
+        return "_NO_OUTPUT"
+
+
+_NO_OUTPUT: Any = _NoOutput()
+
+
 class Score(dspy.Prediction, float):
     """What the adapter returns to DSPy: `score`, `feedback` and (when the metric named scores) `objective_scores`.
 
@@ -29,8 +39,7 @@ class Score(dspy.Prediction, float):
     """
 
     _result: Result
-    _output: Any = None
-    _has_output = False
+    _output: Any = _NO_OUTPUT
     _threshold: float | None = None  # success_threshold: truthy only at or above it (None: above zero)
 
     def __new__(cls, result: Any = None, base: Any = None, **fields: Any) -> Score:
@@ -60,18 +69,17 @@ class Score(dspy.Prediction, float):
     def output(self) -> Any:
         """The output the metric was given (the prediction as output_fields / to_output made it); None when the
         metric was given none (`has_output` False: the prediction could not be read, or the Score was rebuilt)."""
-        return self._output
+        return None if self._output is _NO_OUTPUT else self._output
 
     @property
     def has_output(self) -> bool:
         """Whether `output` is what the metric was given."""
-        return self._has_output
+        return self._output is not _NO_OUTPUT
 
     def _with(self, output: Any, threshold: float | None) -> Score:
         """This Score, with the output the metric was given (_NO_OUTPUT: none) and its success threshold (None:
         above zero); set by Metric.__call__."""
-        if output is not _NO_OUTPUT:
-            self._output, self._has_output = output, True
+        self._output = output
         if threshold is not None:
             self._threshold = threshold
         return self
@@ -120,21 +128,10 @@ class Score(dspy.Prediction, float):
     __str__ = __repr__
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy.copy (the same Result, the same output)
-        return (_rebuilt, (self._result, self._output if self._has_output else _NO_OUTPUT, self._threshold))
+        return (_rebuilt, (self._result, self._output, self._threshold))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Score:
-        output = copy.deepcopy(self._output, memo) if self._has_output else _NO_OUTPUT
-        return Score(self._result.copy())._with(output, self._threshold)
-
-
-class _NoOutput:
-    """The metric was given no output (the prediction could not be read): a Score's `has_output` is False."""
-
-    def __reduce__(self) -> str:
-        return "_NO_OUTPUT"
-
-
-_NO_OUTPUT: Any = _NoOutput()
+    def __deepcopy__(self, memo: dict[int, Any]) -> Score:  # _NO_OUTPUT is copied as itself (its __reduce__)
+        return Score(self._result.copy())._with(copy.deepcopy(self._output, memo), self._threshold)
 
 
 def _rebuilt(result: Result, output: Any, threshold: float | None = None) -> Score:

@@ -130,7 +130,7 @@ def _raised(exc: BaseException, loaded: LoadedMetric, request: CallRequest, call
     return _with_judge(Outcome(failure=kind, error_type=type_name(exc, loaded), detail=detail), call)
 
 
-def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | None:
+def type_name(exc: BaseException, loaded: LoadedMetric) -> str | None:
     """The exception's class name when it names code, not values, else None: the name reaches the optimizer
     (docs/contract.md#return-value), and a class made or renamed at run time may be named from the metric's values.
 
@@ -159,10 +159,8 @@ def type_name(exc: BaseException, loaded: LoadedMetric | None = None) -> str | N
     return name if found is cls else None
 
 
-def _metric_files(loaded: LoadedMetric | None) -> set[str]:
+def _metric_files(loaded: LoadedMetric) -> set[str]:
     """The metric's source files: the one it was loaded from and its module's."""
-    if loaded is None:
-        return set()
     return {path for path in (loaded.file, getattr(loaded.module, "__file__", None)) if path}
 
 
@@ -172,13 +170,13 @@ def _in_folders(path: str, files: set[str]) -> bool:
 
 
 def _metric_class(
-    qualname: str, module: str, owner: Any, file: Any, loaded: LoadedMetric | None, files: set[str]
+    qualname: str, module: str, owner: Any, file: Any, loaded: LoadedMetric, files: set[str]
 ) -> bool:
     """Whether a class is the metric's own: made inside a function, in a script, in its module or beside it."""
     return (
         "<locals>" in qualname
         or module == "__main__"
-        or (loaded is not None and owner is loaded.module)
+        or owner is loaded.module
         or (isinstance(file, str) and _in_folders(file, files))
     )
 

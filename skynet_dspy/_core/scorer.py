@@ -13,9 +13,9 @@ from typing import Any
 
 from . import safe_text, secrets
 from .call import CallRequest
-from .context import LLMHandler, default_llm
+from .context import LLMHandler
 from .contract import check_feedback_limit, check_timeout, cut_feedback, finish_feedback
-from .errors import NO_JUDGE_MODEL, ModelNotConfigured, WorkerError
+from .errors import WorkerError
 from .isolation import Executor
 from .isolation.process import ProcessExecutor
 from .isolation.ray_cluster import RayCluster, RayExecutor
@@ -61,7 +61,8 @@ def neutral_feedback(outcome: Outcome, timeout: float) -> str:
 
 
 class Scorer:
-    """Loads a metric and scores plain values with it, never raising for its faults; `llm` answers its llm()."""
+    """Loads a metric and scores plain values with it, never raising for its faults; `llm` answers its llm() (the
+    metric's Judge, which falls back to configure_llm()'s models itself)."""
 
     def __init__(
         self,
@@ -72,7 +73,7 @@ class Scorer:
         feedback_limit: int,
         isolation: str | RayCluster = "process",
         workers: int | None = None,
-        llm: LLMHandler | None = None,
+        llm: LLMHandler,
         worker_max_calls: int | None = None,
         worker_max_memory: int | None = None,
         sandbox: bool = False,
@@ -123,21 +124,22 @@ class Scorer:
             raise WorkerError(f"the metric {self.info.label} was closed; load it again to score more")
         if self._coroutine_timeout is not None:
             request = replace(request, timeout=self._coroutine_timeout)
-        outcome = self.executor.run(request, self.llm or _default_handler)
+        outcome = self.executor.run(request, self.llm)
         if self.closed and outcome.result is None:  # closed under the call (a Ctrl-C): not the metric's fault
             raise WorkerError(f"the metric {self.info.label} was closed while this call ran; nothing was scored")
+        observed = request.observation if isinstance(request.observation, Observation) else None
         with self._lock:
             self._counts["calls"] += 1
             if outcome.result is not None:
                 self._streak = 0
-            if isinstance(request.observation, Observation):
-                self._program = self._program.plus(request.observation)
+            if observed is not None:
+                self._program = self._program.plus(observed)
         problem = outcome.judge_problem
         if problem is not None and problem not in (Failure.SPEND_CAP, Failure.JUDGE_UNREACHABLE):
             self._setup_problem(problem, outcome.judge_detail or "")
-        if outcome.result is not None:
-            return _observed(self._succeeded(outcome.result), request.observation)
-        return _observed(self.failed(outcome), request.observation)
+        result = self.failed(outcome) if outcome.result is None else self._succeeded(outcome.result)
+        # the program's measured run it was given stays on the result (for tables and receipts)
+        return result if observed is None else replace(result, observation=observed)
 
     def _succeeded(self, result: Result) -> Result:
         """The Result of a call that worked: its feedback cut to the limit, no key in what reaches the optimizer."""
@@ -267,16 +269,3 @@ def _check_workers(isolation: Any, workers: Any, max_calls: Any, max_memory: Any
             "worker_max_calls= and worker_max_memory= recycle worker processes; isolation='thread' has none "
             "(leave them out, or use isolation='process')"
         )
-
-
-def _observed(result: Result, observation: Observation | None) -> Result:
-    """The result with the program's measured run it was given kept on it (for tables and receipts)."""
-    return replace(result, observation=observation) if isinstance(observation, Observation) else result
-
-
-def _default_handler(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
-    handler = default_llm()
-    if handler is None:
-        raise ModelNotConfigured(NO_JUDGE_MODEL)
-    return handler(instructions, input, settings)
-

@@ -89,8 +89,8 @@ class Scorer:
         # the pool's memory check (worker_max_memory) holds in a sandbox too; its address-space limit is a backstop
         # with room for what a process maps but never uses (thread stacks, libraries), so it never fires first
         backstop = None if worker_max_memory is None else 2 * worker_max_memory + 2**30
-        launcher = sandbox_for(source, sandbox, sandbox_network, self.isolation, max_memory=backstop)
-        self.sandbox = launcher  # the Sandbox its workers start in, or None
+        # the Sandbox its workers start in, or None
+        self.sandbox = sandbox_for(source, sandbox, sandbox_network, self.isolation, max_memory=backstop)
         if cluster is not None:
             self.executor: Executor = RayExecutor(
                 source, self.timeout, self.feedback_limit, cluster, workers,
@@ -99,7 +99,7 @@ class Scorer:
         elif isolation == "process":
             self.executor = ProcessExecutor(
                 source, self.timeout, self.feedback_limit, workers,
-                max_calls=worker_max_calls, max_memory=worker_max_memory, launcher=launcher,
+                max_calls=worker_max_calls, max_memory=worker_max_memory, launcher=self.sandbox,
             )
         else:
             self.executor = ThreadExecutor(load(source), self.timeout, self.feedback_limit)
@@ -110,7 +110,7 @@ class Scorer:
         if self.info.reward_spec is not None:
             validate_spec(self.info.reward_spec)
         self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter({"calls": 0, "memo_hits": 0} | {str(kind): 0 for kind in Failure})
         self._logged: set[str] = set()
         self._streak = 0  # failed calls in a row
         self._runs = 0  # Evaluates and optimizations in progress (run())
@@ -236,9 +236,7 @@ class Scorer:
     def stats(self) -> dict[str, int]:
         """Counts: calls, memo_hits, and each failure kind."""
         with self._lock:
-            counts = dict(self._counts)
-        base = {"calls": 0, "memo_hits": 0} | {str(kind): 0 for kind in Failure}
-        return base | {str(key): value for key, value in counts.items()}
+            return {str(key): value for key, value in self._counts.items()}
 
     def close(self) -> None:
         """Stop the metric's worker processes; a call after this raises WorkerError."""

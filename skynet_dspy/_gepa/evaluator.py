@@ -11,7 +11,7 @@ from typing import Any, Literal, Unpack, cast
 
 from .._core import loading, secrets
 from .._core.call import CallRequest
-from .._core.contract import DEFAULT_FEEDBACK_LIMIT, MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
+from .._core.contract import MIN_FEEDBACK_LIMIT, check_timeout, cut_feedback
 from .._core.errors import MetricLoadError, SpendCapReached
 from .._core.isolation.process import ProcessExecutor
 from .._core.options import MetricSource, ModelSpec, ScoringOptions, check_names
@@ -180,8 +180,7 @@ def _bounded(value: Any, limit: int) -> Any:
 
 
 def _side_info(
-    result: Result, input_values: Mapping[str, Any] | None = None, output: Any = _NO_OUTPUT,
-    limit: int = DEFAULT_FEEDBACK_LIMIT,
+    result: Result, input_values: Mapping[str, Any], output: Any, limit: int
 ) -> tuple[float, dict[str, Any]]:
     side_info: dict[str, Any] = {}
     if input_values:  # each field gets its share of the limit, so many fields cannot add up past it

@@ -29,7 +29,7 @@ from .._core.errors import require_extra
 from .._core.logs import logger
 from .._core.values import whole_number
 from .endpoints import is_credential_setting, public_settings, register_url_credentials
-from .limits import Cancelled
+from .limits import WAIT_STEP, Cancelled
 
 MEMORY_CACHE_SIZE = 10_000  # answers kept in memory per judge
 DEFAULT_DISK_CACHE_SIZE = 2**30  # bytes on disk before the least recently stored answers are evicted
@@ -38,7 +38,6 @@ OPEN_WAIT = 2.0  # seconds load waits to open a disk store another process holds
 REDIS_TIMEOUT = 2.0  # seconds for any Redis command
 MARKER_TTL = 30.0  # an in-flight marker expires after this long (its owner is slow, or on a dead machine)
 BUSY_BACKOFF = 2.0  # seconds a store is skipped after it was busy or broken
-WAIT_STEP = 0.05  # seconds between looks for an answer another process is fetching
 IN_FLIGHT_PREFIX = "skynet-dspy:in-flight:"
 KEY_PREFIX = "skynet-dspy:judge:"  # of every Redis key
 ENTRY_VERSION = 2  # entries of another version (or none) are a miss

@@ -143,13 +143,12 @@ def repeat_cases(
     start = metric.judge_usage
     done, planned = len(report.calls), len(report.calls) + (stability.runs - 1) * len(own)
     handler = metric.scorer.llm
-    if handler is not None:
 
-        def asking_again(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
-            with context.fresh_answers():
-                return handler(instructions, input, settings)
+    def asking_again(instructions: str, input: str | None, settings: dict[str, Any]) -> str:
+        with context.fresh_answers():
+            return handler(instructions, input, settings)
 
-        metric.scorer.llm = asking_again
+    metric.scorer.llm = asking_again
     try:
         for number, run, first in own:
             results = [first]

@@ -6,10 +6,10 @@ threads are joined at exit: a request hung in HTTP would hold the process).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,12 +45,7 @@ def run(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
         asyncio.get_running_loop()
     except RuntimeError:
         return _run_here(coroutine, timeout)
-    done: list[tuple[Any, BaseException | None]] = []
-    _in_daemon_thread(lambda: _run_here(coroutine, timeout), lambda *outcome: done.append(outcome)).join()
-    value, error = done[0]
-    if error is not None:
-        raise error
-    return value  # type: ignore[no-any-return]
+    return _in_daemon_thread(lambda: _run_here(coroutine, timeout)).result()
 
 
 def _run_here(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
@@ -65,22 +60,22 @@ def _run_here(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
         _close(loop)
 
 
-def _in_daemon_thread(
-    work: Callable[[], Any], deliver: Callable[[Any, BaseException | None], None]
-) -> threading.Thread:
-    """`work()` started on a daemon thread in a copy of this context, its (value, error) handed to `deliver` there."""
+def _in_daemon_thread(work: Callable[[], T]) -> Future[T]:
+    """`work()` started on a daemon thread in a copy of this context, its value or error set on the Future returned
+    (`work` never starts once the Future is cancelled)."""
+    future: Future[T] = Future()
     context = contextvars.copy_context()
 
     def target() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
         try:
-            value, error = context.run(work), None
+            future.set_result(context.run(work))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            value, error = None, exc
-        deliver(value, error)
+            future.set_exception(exc)
 
-    thread = threading.Thread(target=target, name="skynet-await", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=target, name="skynet-await", daemon=True).start()
+    return future
 
 
 async def _within(coroutine: Coroutine[Any, Any, T], timeout: float | None) -> T:
@@ -113,24 +108,9 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
 
 async def in_thread(work: Callable[[], T]) -> T:
     """`work()` run on a daemon thread in a copy of this context, awaited without blocking the running loop.
-    Cancelling the await drops the result; the thread finishes on its own."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(value: Any, error: BaseException | None) -> None:
-        def settle() -> None:
-            if future.done():  # the await was cancelled
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits this any more
-            loop.call_soon_threadsafe(settle)
-
-    _in_daemon_thread(work, deliver)
-    return await future
+    Cancelling the await drops the result (asyncio.wrap_future leaves a closed loop alone); the thread finishes on
+    its own."""
+    return await asyncio.wrap_future(_in_daemon_thread(work))
 
 
 async def llm_turn(ask: Callable[[], str]) -> str:

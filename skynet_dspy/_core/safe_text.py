@@ -17,7 +17,6 @@ from typing import Any
 # bidirectional overrides and isolates that make text read otherwise than it is stored ("Trojan source"); the
 # plain direction marks (U+200E, U+200F) of right-to-left text are kept.
 _TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\r": "\\r", "\x0b": "\\v", "\x0c": "\\f", "\x08": "\\b", "\x00": "\\0"}
 # What a spreadsheet evaluates at the start of a cell (OWASP CSV injection): formulas, DDE, and the tab and
 # carriage return that some spreadsheets skip before reading one.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -36,15 +35,9 @@ def valid_utf8(text: str) -> str:
     return text
 
 
-def _visible(code: int) -> str:
-    named = _NAMED.get(chr(code))
-    if named is not None:
-        return named
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-# One str.translate table (C speed on a megabyte of escapes) for the characters _TERMINAL_UNSAFE matches.
-_TERMINAL_TABLE = {code: _visible(code) for code in range(0x2070) if _TERMINAL_UNSAFE.match(chr(code))}
+# One str.translate table (C speed on a megabyte of escapes) for the characters _TERMINAL_UNSAFE matches: each as
+# Python's repr escapes it (none is printable), `\r`, `\x1b`, `\u202e`.
+_TERMINAL_TABLE = {code: repr(chr(code))[1:-1] for code in range(0x2070) if _TERMINAL_UNSAFE.match(chr(code))}
 
 
 def for_terminal(text: str) -> str:

@@ -16,11 +16,10 @@ import threading
 from typing import Any
 
 MASK = "***"
-MIN_GIVEN_LENGTH = 4  # a key handed to the package is masked from this length
-MIN_ENV_LENGTH = 4  # an environment credential is masked (and kept from workers) from this length
+MIN_LENGTH = 4  # a given or environment credential is masked (and kept from workers) from this many characters
 
 # The environment-variable rules (docs/safe-output.md): a secret-named variable holds a credential from
-# MIN_ENV_LENGTH characters; a key/token/auth-named one unless its value is plainly a setting (true/false, yes/no,
+# MIN_LENGTH characters; a key/token/auth-named one unless its value is plainly a setting (true/false, yes/no,
 # on/off, a number) or its name ends in a word naming a setting about the credential (_MODE, _TYPE, _FILE, ...);
 # "true" and "false" are never masked in text: masking them would break every JSON document the package prints.
 _SECRET_NAME = re.compile(
@@ -99,8 +98,8 @@ def is_credential_name(name: str) -> bool:
 
 def env_credential(name: str, value: str | None) -> bool:
     """True when the environment variable `name`=`value` holds a credential by its name (the rules above):
-    a secret-named one from MIN_ENV_LENGTH characters, a key/token/auth-named one unless its value is a setting."""
-    if not value or len(value.strip()) < MIN_ENV_LENGTH:
+    a secret-named one from MIN_LENGTH characters, a key/token/auth-named one unless its value is a setting."""
+    if not value or len(value.strip()) < MIN_LENGTH:
         return False
     if _SECRET_NAME.search(name):
         return True
@@ -110,7 +109,7 @@ def env_credential(name: str, value: str | None) -> bool:
 def register(secret: object) -> None:
     """Remember a key given to the package so redact() masks it, and its escaped forms, wherever it appears."""
     global _literal
-    if not isinstance(secret, str) or len(secret) < MIN_GIVEN_LENGTH:
+    if not isinstance(secret, str) or len(secret) < MIN_LENGTH:
         return
     with _lock:
         if secret not in _given:

@@ -275,17 +275,15 @@ class ProgramUsage(_Counts):
         if not observation.measured:
             return replace(self, unmeasured=self.unmeasured + 1)
         cached = observation.cached_calls or 0
-        return ProgramUsage(
-            runs=self.runs + 1,
-            model_calls=self.model_calls + (observation.model_calls or 0) - cached,
-            prompt_tokens=self.prompt_tokens + (observation.prompt_tokens or 0) - observation.cached_prompt_tokens,
-            completion_tokens=(self.completion_tokens + (observation.completion_tokens or 0)
-                               - observation.cached_completion_tokens),
-            cost_usd=self.cost_usd + max(0.0, (observation.cost_usd or 0.0) - observation.cached_cost_usd),
-            unpriced=self.unpriced + (observation.cost_usd is None),
-            run_ms=self.run_ms + (observation.run_ms or 0.0),
-            unmeasured=self.unmeasured,
-            cached_calls=self.cached_calls + cached,
+        return self + ProgramUsage(
+            runs=1,
+            model_calls=(observation.model_calls or 0) - cached,
+            prompt_tokens=(observation.prompt_tokens or 0) - observation.cached_prompt_tokens,
+            completion_tokens=(observation.completion_tokens or 0) - observation.cached_completion_tokens,
+            cost_usd=max(0.0, (observation.cost_usd or 0.0) - observation.cached_cost_usd),
+            unpriced=int(observation.cost_usd is None),
+            run_ms=observation.run_ms or 0.0,
+            cached_calls=cached,
         )
 
 

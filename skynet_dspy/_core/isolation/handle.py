@@ -217,6 +217,7 @@ class WorkerProcess:
             with self.send_lock:  # an llm() answer sent as it closes would go to whatever reuses the descriptor
                 with suppress(OSError):
                     self.conn.close()
+                # taken under the lock: two threads killing one worker (close() and a call's timeout) close it once
                 fds, self.output.fd, self._pidfd, self._stat = (self.output.fd, self._pidfd, self._stat), -1, -1, -1
             for fd in fds:
                 if fd >= 0:

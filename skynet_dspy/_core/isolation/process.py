@@ -199,6 +199,13 @@ class ProcessExecutor:
                 self._helpers.discard(worker.template)
             self._cond.notify_all()  # room for a new worker: a waiting call may start one
 
+    def _retire(self, worker: WorkerProcess) -> bool:
+        """Whether a worker that answered its call is replaced now (worker_max_calls, worker_max_memory)."""
+        worker.calls += 1
+        if self.max_calls is not None and worker.calls >= self.max_calls:
+            return True
+        return self.max_memory is not None and self._over_memory(worker) is not None
+
     # -- a call ----------------------------------------------------------------------------
 
     def run(self, request: CallRequest, llm: LLMHandler | None) -> Outcome:
@@ -271,9 +278,7 @@ class ProcessExecutor:
         finally:
             scope.end()
         outcome = self._with_output(worker, outcome)
-        worker.calls += 1
-        spent = self.max_calls is not None and worker.calls >= self.max_calls  # worker_max_calls
-        if keep and not spent and (self.max_memory is None or self._over_memory(worker) is None):
+        if keep and not self._retire(worker):
             self._release(worker)
         else:
             self._discard(worker)

@@ -95,26 +95,22 @@ def _plain(value: Any, depth: int, budget: _Budget) -> Any:
 
 
 def _container(value: Any, kind: type, depth: int, budget: _Budget) -> Any:
-    """A list, tuple, dict or set rebuilt of plain values; cut with a note once the budget is spent."""
-    pairs = kind is dict
-    plain: list[Any] = []
-    for item in dict.items(value) if pairs else value:
-        if budget.items <= 0:
-            left = f"{len(value) - len(plain)} more items"
-            plain.append((CUT_KEY, left) if pairs else f"[{left} not sent]")
-            break
-        if pairs:
-            plain.append((_key(item[0]), _plain(item[1], depth + 1, budget)))
-        else:
-            plain.append(_plain(item, depth + 1, budget))
-    if pairs:
-        return dict(plain)
+    """A list, tuple, dict or set rebuilt of plain values."""
+    if kind is dict:
+        plain: dict[Any, Any] = {}
+        for key, item in dict.items(value):
+            if budget.items <= 0:
+                plain[CUT_KEY] = f"{dict.__len__(value) - len(plain)} more items"
+                break
+            plain[_key(key)] = _plain(item, depth + 1, budget)
+        return plain
+    items = _items(value, depth, budget)
     if kind is list:
-        return plain
+        return items
     try:
-        return kind(plain)
+        return kind(items)
     except TypeError:  # a set's item became unhashable (a repr is a str, so this is rare)
-        return plain
+        return items
 
 
 def _scalar_like(value: Any, kind: type, depth: int, budget: _Budget) -> Any:
@@ -131,6 +127,17 @@ def _scalar_like(value: Any, kind: type, depth: int, budget: _Budget) -> Any:
         with suppress(Exception):
             return _plain(value.item(), depth + 1, budget)
     return _cut_text(shorten(value, MAX_REPR), budget)
+
+
+def _items(values: Any, depth: int, budget: _Budget) -> list[Any]:
+    """The items of a list, tuple or set, made plain; cut with a note once the budget is spent."""
+    plain: list[Any] = []
+    for item in values:
+        if budget.items <= 0:
+            plain.append(f"[{len(values) - len(plain)} more items not sent]")
+            break
+        plain.append(_plain(item, depth + 1, budget))
+    return plain
 
 
 def _cut_text(text: Any, budget: _Budget) -> Any:

@@ -203,6 +203,7 @@ def run(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: l
     returns."""
     global _worker_pid
     _worker_pid = os.getpid()
+    status = 1  # a worker that fails to start says so in its exit code
     try:
         for fd in control:
             _close(fd)
@@ -213,7 +214,8 @@ def run(fds: list[int], token: str, loaded: Any, feedback_limit: int, control: l
         sys.argv[1:] = [str(fds[0])]  # the argument names the worker's socket
         conn = Connection(fds[0])
         conn.send_bytes(wire.to_parent({"kind": "ready"}))
+        status = 0
         _serve(conn, loaded, feedback_limit)
     finally:
         tree.kill_descendants(os.getpid(), token)  # the metric's processes end with the worker
-        _exit(0)  # no atexit handlers, no flushing of what a forked metric left behind
+        _exit(status)  # no atexit handlers, no flushing of what a forked metric left behind
